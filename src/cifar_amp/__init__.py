@@ -1,0 +1,1 @@
+"""CIFAR image classification with PyTorch Lightning + Hydra, built around mixed precision."""

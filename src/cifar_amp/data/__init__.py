@@ -1,0 +1,3 @@
+from cifar_amp.data.cifar import SPECS, CIFARDataModule
+
+__all__ = ["CIFARDataModule", "SPECS"]

@@ -1,0 +1,94 @@
+"""Batch-wise augmentation as tensor ops on the training device.
+
+Why not torchvision transforms in DataLoader workers: per-sample PIL work on CPU workers is
+the bottleneck of small-image training (see `python -m cifar_amp.bench.loader`); here a whole
+batch is augmented with a few kernels, and each image still gets its own random draw.
+
+Random draws are made up front for a whole epoch (:func:`draw`) from a generator seeded by
+(seed, epoch), so an epoch's augmentation is a pure function of those two numbers: the same on
+any number of ranks, and exactly reproducible after a resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class Draw:
+    """Per-image random choices for one epoch, indexed by dataset position."""
+
+    flip: Tensor  # (N,) bool
+    shift: Tensor  # (N, 2) int, (dy, dx) in [-translate, translate]
+    cutout: Tensor  # (N, 2) int, centre (cy, cx) in [0, 32)
+
+    def take(self, idx: Tensor) -> "Draw":
+        return Draw(self.flip[idx], self.shift[idx], self.cutout[idx])
+
+
+def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed * 1_000_003 + epoch)
+    return g
+
+
+def draw(n: int, epoch: int, seed: int, cfg, device: torch.device, size: int = 32) -> Draw:
+    """Random choices for `n` images in `epoch`. `cfg` is an AugmentConfig."""
+    g = epoch_generator(seed, epoch, device)
+    if cfg.alternate_flip:
+        # A fixed half of the images is flipped in even epochs, the other half in odd ones,
+        # so every image is seen both ways every two epochs.
+        base = torch.rand(n, generator=epoch_generator(seed, -1, device), device=device) < 0.5
+        flip = base ^ bool(epoch % 2)
+    else:
+        flip = torch.rand(n, generator=g, device=device) < 0.5
+    t = cfg.translate
+    shift = torch.randint(-t, t + 1, (n, 2), generator=g, device=device)
+    cutout = torch.randint(0, size, (n, 2), generator=g, device=device)
+    return Draw(flip if cfg.flip else torch.zeros_like(flip), shift, cutout)
+
+
+def hflip(x: Tensor, mask: Tensor) -> Tensor:
+    """Mirror the images of `x` (N, C, H, W) where `mask` (N,) is true."""
+    return torch.where(mask[:, None, None, None], x.flip(-1), x)
+
+
+def translate(x: Tensor, shift: Tensor, pad: int) -> Tensor:
+    """Shift each image by its own (dy, dx), filling from a reflect-padded border.
+
+    out[n, :, i, j] == x_padded[n, :, pad + i + dy[n], pad + j + dx[n]]
+    """
+    if pad == 0:
+        return x
+    n, _, h, w = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
+    rows = torch.arange(h, device=x.device)[None, :] + (pad + shift[:, 0:1])  # (N, H)
+    cols = torch.arange(w, device=x.device)[None, :] + (pad + shift[:, 1:2])  # (N, W)
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]  # (N, H, W, C)
+    return out.permute(0, 3, 1, 2)
+
+
+def cutout(x: Tensor, centre: Tensor, size: int) -> Tensor:
+    """Zero a size x size square (clipped at the border) around each image's centre."""
+    if size == 0:
+        return x
+    _, _, h, w = x.shape
+    lo = centre - size // 2
+    ys = torch.arange(h, device=x.device)[None, :]
+    xs = torch.arange(w, device=x.device)[None, :]
+    in_y = (ys >= lo[:, 0:1]) & (ys < lo[:, 0:1] + size)  # (N, H)
+    in_x = (xs >= lo[:, 1:2]) & (xs < lo[:, 1:2] + size)  # (N, W)
+    hole = in_y[:, None, :, None] & in_x[:, None, None, :]
+    return x.masked_fill(hole, 0.0)
+
+
+def apply(x: Tensor, d: Draw, cfg) -> Tensor:
+    """Augment a normalised float batch: flip, translate, cutout (cutout fills the mean)."""
+    x = hflip(x, d.flip)
+    x = translate(x, d.shift, cfg.translate)
+    return cutout(x, d.cutout, cfg.cutout)

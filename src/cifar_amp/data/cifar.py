@@ -1,0 +1,188 @@
+"""CIFAR-10/100 in the official python format, decoded once into uint8 tensors.
+
+Our own download uses torchvision's utilities and verifies the archive's checksum; a folder
+the user supplies is read as it is (no checksum list), with each file checked for shape and
+labels so that a broken folder is reported by file, not as a crash in the middle of training.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning import LightningDataModule
+from torchvision.datasets import CIFAR10, CIFAR100
+from torchvision.datasets.utils import download_and_extract_archive
+
+from cifar_amp.config import AugmentConfig
+from cifar_amp.data.loader import DeviceBatches
+from cifar_amp.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Spec:
+    tv: type  # the torchvision class whose url, md5, folder and file names we reuse
+    num_classes: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    @property
+    def folder(self) -> str:
+        return self.tv.base_folder
+
+    @property
+    def train_files(self) -> list[str]:
+        return [name for name, _ in self.tv.train_list]
+
+    @property
+    def test_files(self) -> list[str]:
+        return [name for name, _ in self.tv.test_list]
+
+
+SPECS = {
+    "cifar10": Spec(CIFAR10, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": Spec(CIFAR100, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+
+def find_folder(data_dir: str | Path, spec: Spec) -> Path | None:
+    """`data_dir/<folder>` or `data_dir` itself, whichever holds the first training file."""
+    root = Path(data_dir)
+    for cand in (root / spec.folder, root):
+        if (cand / spec.train_files[0]).exists() or (cand / spec.test_files[0]).exists():
+            return cand
+    return None
+
+
+def locate_or_download(data_dir: str | Path, spec: Spec, download: bool) -> Path:
+    folder = find_folder(data_dir, spec)
+    if folder is not None:
+        return folder
+    how = (
+        f"either connect to the internet (it is downloaded into {data_dir}/), or point "
+        f"data.data_dir at a folder that contains {spec.folder}/"
+    )
+    if not download:
+        raise UserError(f"no {spec.folder}/ found in data.data_dir={data_dir} and data.download=false: {how}")
+    log.info("Downloading %s into %s", spec.tv.url, data_dir)
+    try:
+        download_and_extract_archive(spec.tv.url, str(data_dir), filename=spec.tv.filename, md5=spec.tv.tgz_md5)
+    except Exception as e:  # URLError, timeouts, checksum mismatch: all mean "no data"
+        raise UserError(
+            f"{spec.folder}/ is not in data.data_dir={data_dir} and the download failed "
+            f"({type(e).__name__}: {e}); {how}"
+        ) from e
+    return Path(data_dir) / spec.folder
+
+
+def read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """One pickle file -> (N, 3, 32, 32) uint8 images and (N,) int64 labels, checked."""
+    if not path.is_file():
+        raise UserError(f"missing data file {path}")
+    try:
+        with open(path, "rb") as f:
+            entry = pickle.load(f, encoding="latin1")
+        data = np.asarray(entry["data"], dtype=np.uint8)
+        labels = np.asarray(entry["labels"] if "labels" in entry else entry["fine_labels"], dtype=np.int64)
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"{path} is truncated or not a CIFAR python batch file ({type(e).__name__}: {e})") from e
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise UserError(f"{path}: data has shape {data.shape}, expected (N, 3072) (3x32x32 uint8 rows)")
+    if labels.shape != (len(data),):
+        raise UserError(f"{path}: {len(labels)} labels for {len(data)} images")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise UserError(f"{path}: labels span [{labels.min()}, {labels.max()}], expected [0, {num_classes - 1}]")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def read_split(folder: Path, files: list[str], num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [read_batch(folder / name, num_classes) for name in files]
+    images = np.concatenate([p[0] for p in parts])
+    labels = np.concatenate([p[1] for p in parts])
+    return torch.from_numpy(images), torch.from_numpy(labels)
+
+
+class CIFARDataModule(LightningDataModule):
+    """CIFAR-10/100 with a seeded validation split carved from the training set.
+
+    All splits are decoded once and moved to the training device in `setup`; batches are
+    then served by :class:`DeviceBatches` with augmentation on the device.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "cifar10",
+        data_dir: str = "data",
+        download: bool = True,
+        batch_size: int = 512,
+        eval_batch_size: int = 1024,
+        val_split: float = 0.1,
+        augment: AugmentConfig | None = None,
+        seed: int = 42,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.spec = SPECS[dataset]
+        self.data_dir, self.download = data_dir, download
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.val_split, self.seed = val_split, seed
+        self.augment = augment or AugmentConfig()
+        self.channels_last = channels_last
+        self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def num_classes(self) -> int:
+        return self.spec.num_classes
+
+    def prepare_data(self) -> None:
+        locate_or_download(self.data_dir, self.spec, self.download)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        folder = locate_or_download(self.data_dir, self.spec, download=False)
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        images, labels = read_split(folder, self.spec.train_files, self.num_classes)
+        n_val = int(round(len(labels) * self.val_split))
+        perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
+        val_idx, train_idx = perm[:n_val], perm[n_val:]
+        self.splits["train"] = (images[train_idx], labels[train_idx])
+        self.splits["val"] = (images[val_idx], labels[val_idx])
+        self.splits["test"] = read_split(folder, self.spec.test_files, self.num_classes)
+        self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in self.splits.items()}
+        log.info(
+            "Data: %s from %s on %s: %d train, %d val, %d test images",
+            self.spec.folder, folder, device, *(len(self.splits[k][1]) for k in ("train", "val", "test")),
+        )
+
+    def _loader(self, split: str, train: bool) -> DeviceBatches:
+        images, labels = self.splits[split]
+        trainer = self.trainer
+        return DeviceBatches(
+            images,
+            labels,
+            self.batch_size if train else self.eval_batch_size,
+            torch.tensor(self.spec.mean),
+            torch.tensor(self.spec.std),
+            train=train,
+            augment_cfg=self.augment if train else None,
+            seed=self.seed,
+            rank=trainer.global_rank if trainer else 0,
+            world_size=trainer.world_size if trainer else 1,
+            channels_last=self.channels_last,
+        )
+
+    def train_dataloader(self) -> DeviceBatches:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self):
+        return self._loader("val", train=False) if len(self.splits["val"][1]) else []
+
+    def test_dataloader(self) -> DeviceBatches:
+        return self._loader("test", train=False)

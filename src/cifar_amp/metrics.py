@@ -1,0 +1,25 @@
+"""Metric names: defined here once. Code imports these constants; YAML refers to them
+through the ``${metric:NAME}`` resolver (registered in :mod:`cifar_amp.config`)."""
+
+TRAIN_LOSS = "train/loss"
+TRAIN_ACC = "train/acc"
+VAL_LOSS = "val/loss"
+VAL_ACC = "val/acc"
+VAL_ACC_BEST = "val/acc_best"
+TEST_LOSS = "test/loss"
+TEST_ACC = "test/acc"
+
+# Keys of metrics.json besides the logged metrics above.
+EPOCHS = "epochs"
+FIT_SECONDS = "fit_seconds"
+PRECISION = "precision"
+
+BY_NAME = {k.lower(): v for k, v in globals().items() if k.isupper() and isinstance(v, str)}
+
+
+def resolve(name: str) -> str:
+    """``${metric:val_acc}`` -> ``"val/acc"``; an unknown name lists the known ones."""
+    try:
+        return BY_NAME[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown metric {name!r}; known: {', '.join(sorted(BY_NAME))}") from None

@@ -1,0 +1,101 @@
+"""The LightningModule: a network, a loss, torchmetrics, and the optimizer + schedule."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from lightning import LightningModule
+from hydra.utils import instantiate
+from torch import Tensor, nn
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from cifar_amp import metrics as M
+
+NAMES = {"train": (M.TRAIN_LOSS, M.TRAIN_ACC), "val": (M.VAL_LOSS, M.VAL_ACC), "test": (M.TEST_LOSS, M.TEST_ACC)}
+
+
+class ImageClassifier(LightningModule):
+    """Cross-entropy classification with the network that `net` (`_target_` + arguments) builds.
+
+    Metrics are torchmetrics objects logged with ``on_step=False``: they accumulate on the
+    device and are computed (one host sync) at epoch end, never per step.
+    """
+
+    def __init__(
+        self,
+        net: dict,
+        num_classes: int,
+        optimizer: Optional[Callable[..., torch.optim.Optimizer]] = None,
+        scheduler: Optional[Callable[..., Any]] = None,
+        label_smoothing: float = 0.0,
+        channels_last: bool = False,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        # The network's config (not the optimizer partials) goes into every checkpoint, so
+        # load_from_checkpoint / eval.py rebuild the right network from the file alone.
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)
+        self.net: nn.Module = instantiate(net, num_classes=num_classes)
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.label_smoothing = label_smoothing
+        self.compile = compile
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        for stage in NAMES:
+            setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro"))
+            setattr(self, f"{stage}_loss", MeanMetric())
+        self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # survives a resume
+
+    def configure_model(self) -> None:
+        # In place (nn.Module.compile), so state-dict keys are the same compiled or not.
+        if self.compile:
+            self.net.compile()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        smoothing = self.label_smoothing if stage == "train" else 0.0
+        loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
+        loss_metric, acc_metric = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
+        loss_metric(loss.detach())
+        acc_metric(logits.detach(), y)
+        loss_name, acc_name = NAMES[stage]
+        self.log(loss_name, loss_metric, on_step=False, on_epoch=True, prog_bar=stage != "train")
+        self.log(acc_name, acc_metric, on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    def on_train_start(self) -> None:
+        # The sanity check must not leak into the best-so-far accuracy.
+        self.val_acc_best.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        self.val_acc_best(self.val_acc.compute())
+        self.log(M.VAL_ACC_BEST, self.val_acc_best.compute(), sync_dist=False)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(params=self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        kwargs = {}
+        if getattr(self.scheduler_factory, "func", None) is torch.optim.lr_scheduler.OneCycleLR:
+            kwargs["total_steps"] = self.trainer.estimated_stepping_batches
+        scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

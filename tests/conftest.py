@@ -1,0 +1,56 @@
+"""Shared fixtures: a tiny CIFAR folder and a config composed from configs/ and shrunk
+(CPU, one small epoch, tiny batches, no logger, a tmp run dir), as the CLI would compose it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from cifar_amp import config
+from cifar_folder import write_cifar_folder
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+SUBSET = REPO.parent / "shared" / "data" / "cifar10-subset"
+
+SHRINK = (
+    "trainer=cpu",
+    "trainer.max_epochs=1",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "logger=none",
+    "data.batch_size=16",
+    "data.eval_batch_size=32",
+    "data.download=false",
+    "model=small_cnn",
+    "model.width=8",
+    "model.hidden=32",
+)
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def compose_cfg(config_name: str = "train", overrides: tuple[str, ...] | list[str] = ()) -> DictConfig:
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose(config_name, overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    return write_cifar_folder(tmp_path_factory.mktemp("cifar"))
+
+
+@pytest.fixture
+def make_cfg(tmp_path, tiny_data):
+    """make_cfg(*overrides, config_name="train") -> validated schema object, shrunk for tests."""
+
+    def make(*overrides: str, config_name: str = "train"):
+        shrink = SHRINK if config_name == "train" else tuple(o for o in SHRINK if not o.startswith(("model", "data.batch")))
+        base = (*shrink, f"data.data_dir={tiny_data}", f"run_dir={tmp_path}")
+        return config.to_object(compose_cfg(config_name, (*base, *overrides)))
+
+    return make
