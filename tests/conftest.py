@@ -49,7 +49,9 @@ def make_cfg(tmp_path, tiny_data):
     """make_cfg(*overrides, config_name="train") -> validated schema object, shrunk for tests."""
 
     def make(*overrides: str, config_name: str = "train"):
-        shrink = SHRINK if config_name == "train" else tuple(o for o in SHRINK if not o.startswith(("model", "data.batch")))
+        shrink = SHRINK
+        if config_name != "train" or any(o.startswith(("model=", "experiment=")) for o in overrides):
+            shrink = tuple(o for o in SHRINK if not o.startswith("model"))  # the caller picks the model
         base = (*shrink, f"data.data_dir={tiny_data}", f"run_dir={tmp_path}")
         return config.to_object(compose_cfg(config_name, (*base, *overrides)))
 

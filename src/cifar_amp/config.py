@@ -222,6 +222,9 @@ class EvalConfig:
 def to_object(cfg: DictConfig):
     """Resolve a composed config into its schema dataclass and validate ranges."""
     obj = OmegaConf.to_object(cfg)
+    if isinstance(obj, TrainConfig):
+        # A plain dict, not the generated schema class: it is saved in checkpoints.
+        obj.model = OmegaConf.to_container(cfg.model, resolve=True)
     obj.validate()
     return obj
 

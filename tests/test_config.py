@@ -1,0 +1,94 @@
+"""Every config option composes and validates; bad values fail with the key named."""
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from cifar_amp import config, metrics
+from cifar_amp.errors import UserError
+from conftest import CONFIGS
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "group,option",
+    [(g, o) for g in ("data", "model", "precision", "trainer", "callbacks", "logger") for o in options(g)],
+)
+def test_every_group_option_composes(make_cfg, group, option):
+    cfg = make_cfg(f"{group}={option}")
+    if group == "precision":
+        assert cfg.precision.name == option
+    if group == "model":
+        assert cfg.model["_target_"].startswith("cifar_amp.models.")
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_every_experiment_composes(make_cfg, experiment):
+    make_cfg(f"experiment={experiment}")
+
+
+def test_eval_config_composes(make_cfg, tmp_path):
+    cfg = make_cfg(f"ckpt_path={tmp_path}/x.ckpt", config_name="eval")
+    assert cfg.ckpt_path.endswith("x.ckpt")
+
+
+def test_metric_resolver_points_at_code_constants(make_cfg):
+    cfg = make_cfg("callbacks=default")
+    assert cfg.callbacks["model_checkpoint"]["monitor"] == metrics.VAL_ACC
+    with pytest.raises(ValueError, match="unknown metric"):
+        metrics.resolve("val_accuracy")
+
+
+def test_model_arguments_are_typed_from_the_constructor(make_cfg):
+    assert make_cfg("model=speednet", "model.widths=[8,16,32]").model["widths"] == [8, 16, 32]
+    with pytest.raises(ConfigCompositionException, match="widht"):
+        make_cfg("model=speednet", "model.widht=3")
+    with pytest.raises(ConfigCompositionException, match="width"):
+        make_cfg("model=small_cnn", "model.width=abc")
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"),
+        ("trainer.gradient_clip_algorithm=max", "trainer.gradient_clip_algorithm"),
+        ("data.batch_size=0", "data.batch_size"),
+        ("data.val_split=1.5", "data.val_split"),
+        ("module.optimizer.lr=-0.1", "module.optimizer.lr"),
+        ("module.label_smoothing=1.0", "module.label_smoothing"),
+        ("precision.scaler.backoff_factor=2", "precision.scaler.backoff_factor"),
+        ("data.augment.translate=-1", "data.augment.translate"),
+        ("model.activation_checkpointing=-1", "model"),
+    ],
+)
+def test_out_of_range_values_name_the_key(make_cfg, override, key):
+    with pytest.raises(UserError, match=key.replace(".", r"\.")):
+        cfg = make_cfg(override)
+        from cifar_amp.train import train
+
+        train(cfg)  # model arguments are checked when the model is built
+
+
+@pytest.mark.parametrize("group", ["precision", "model", "trainer", "data"])
+def test_unknown_group_option_lists_valid_choices(make_cfg, group):
+    with pytest.raises(MissingConfigException) as err:
+        make_cfg(f"{group}=nope")
+    for option in options(group):
+        assert option in str(err.value)
+
+
+def test_typos_and_wrong_types_fail_at_composition(make_cfg):
+    with pytest.raises(ConfigCompositionException, match="max_epoch"):
+        make_cfg("trainer.max_epoch=3")
+    with pytest.raises(ConfigCompositionException, match="max_epochs"):
+        make_cfg("trainer.max_epochs=abc")
+
+
+def test_benchmark_defaults_on_unless_deterministic(make_cfg):
+    assert make_cfg().trainer.kwargs()["benchmark"] is True
+    assert make_cfg("trainer.deterministic=true").trainer.kwargs()["benchmark"] is False
+    assert make_cfg("trainer.benchmark=false").trainer.kwargs()["benchmark"] is False
