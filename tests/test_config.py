@@ -7,11 +7,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from cifar_amp import config, metrics
 from cifar_amp.errors import UserError
-from conftest import CONFIGS
+from conftest import CONFIGS, options
 
-
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
 
 
 @pytest.mark.parametrize(

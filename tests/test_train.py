@@ -1,0 +1,167 @@
+"""Training behaviour on CPU: every model and precision runs, fp16 really scales and skips,
+clipping sees unscaled gradients, resume is exact, eval reproduces the test accuracy."""
+
+import logging
+
+import lightning as L
+import pytest
+import torch
+
+from cifar_amp import config, metrics, precision
+from cifar_amp.evaluate import evaluate
+from cifar_amp.train import train
+from conftest import options
+
+
+def weights(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.mark.parametrize("model", options("model"))
+def test_fast_dev_run_per_model(make_cfg, model):
+    overrides = {"speednet": ["model.widths=[8,8,8]"], "small_cnn": ["model.width=8"]}.get(model, [])
+    result = train(make_cfg(f"model={model}", *overrides, "trainer.fast_dev_run=true"))
+    assert 0.0 <= result[metrics.TEST_ACC] <= 1.0
+
+
+@pytest.mark.parametrize("prec", options("precision"))
+def test_fast_dev_run_per_precision(make_cfg, prec, caplog):
+    with caplog.at_level(logging.INFO):
+        result = train(make_cfg(f"precision={prec}", "trainer.fast_dev_run=true"))
+    assert result[metrics.PRECISION] == prec
+    assert any(r.message.startswith(f"Precision: {prec}") for r in caplog.records)
+
+
+def test_16_mixed_on_cpu_is_float16_with_a_real_scaler(make_cfg):
+    cfg = make_cfg("precision=16-mixed", "precision.scaler.init_scale=1024", "precision.scaler.growth_interval=7")
+    trainer = L.Trainer(**cfg.trainer.kwargs(), **precision.trainer_kwargs(cfg.precision, cfg.trainer), logger=False)
+    plugin = trainer.precision_plugin
+    assert plugin.device == "cpu" and plugin.precision == "16-mixed"
+    with plugin.forward_context():
+        assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float16
+    assert plugin.scaler.get_scale() == 1024 and plugin.scaler.get_growth_interval() == 7
+    assert precision.describe(trainer).startswith("16-mixed: float16 autocast on cpu")
+
+
+class Recorder(L.Callback):
+    """Weights before/after each optimizer step, and gradients as the optimizer sees them."""
+
+    def __init__(self):
+        self.before, self.seen_grad_norms, self.unclipped_norms = None, [], []
+
+    def on_train_start(self, trainer, module):
+        self.before = {k: v.clone() for k, v in module.state_dict().items()}
+
+        # after the step: under 32-true the closure (backward + clipping) runs inside step()
+        def post_step(optimizer, args, kwargs):
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            self.seen_grad_norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+        trainer.optimizers[0].register_step_post_hook(post_step)
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        self.unclipped_norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+
+class StopAfterEpoch(L.Callback):
+    def on_train_epoch_end(self, trainer, module):
+        trainer.should_stop = True
+
+
+def fit(cfg, *callbacks):
+    from cifar_amp.train import build_datamodule
+    from cifar_amp.module import ImageClassifier
+    from hydra.utils import instantiate
+
+    L.seed_everything(cfg.seed)
+    dm = build_datamodule(cfg)
+    module = ImageClassifier(cfg.model, 10, optimizer=instantiate(cfg.module.optimizer), scheduler=None)
+    trainer = L.Trainer(
+        **cfg.trainer.kwargs(), **precision.trainer_kwargs(cfg.precision, cfg.trainer), logger=False,
+        callbacks=list(callbacks), enable_checkpointing=False,
+    )
+    trainer.fit(module, datamodule=dm)
+    return trainer, module
+
+
+def test_fp16_overflow_skips_the_step_and_backs_off_the_scale(make_cfg):
+    # A scale this large overflows float16 gradients on the first backward.
+    cfg = make_cfg("precision=16-mixed", "precision.scaler.init_scale=1e30", "trainer.limit_train_batches=1",
+                   "trainer.limit_val_batches=0")
+    rec = Recorder()
+    trainer, module = fit(cfg, rec)
+    scaler = trainer.precision_plugin.scaler
+    assert scaler.get_scale() == pytest.approx(0.5e30)
+    after = module.state_dict()
+    assert all(torch.equal(rec.before[k], after[k]) for k in rec.before if "net." in k)  # step skipped
+
+
+def test_fp16_without_overflow_steps_and_keeps_the_scale(make_cfg):
+    cfg = make_cfg("precision=16-mixed", "precision.scaler.init_scale=256", "trainer.limit_train_batches=1",
+                   "trainer.limit_val_batches=0")
+    rec = Recorder()
+    trainer, module = fit(cfg, rec)
+    assert trainer.precision_plugin.scaler.get_scale() == 256
+    assert not torch.equal(rec.before["net.head.3.weight"], module.state_dict()["net.head.3.weight"])
+
+
+def test_clipping_acts_on_unscaled_gradients(make_cfg):
+    clip, recs = 1e-3, {}
+    for prec in ("32-true", "16-mixed"):
+        cfg = make_cfg(f"precision={prec}", "precision.scaler.init_scale=4096", f"trainer.gradient_clip_val={clip}",
+                       "trainer.limit_train_batches=3", "trainer.limit_val_batches=0")
+        recs[prec] = Recorder()
+        fit(cfg, recs[prec])
+    fp32, fp16 = recs["32-true"], recs["16-mixed"]
+    # what the clipping hook sees under 16-mixed is the true gradient, not 4096x it
+    assert fp16.unclipped_norms[0] == pytest.approx(fp32.unclipped_norms[0], rel=0.02)
+    assert all(n > 10 * clip for n in fp16.unclipped_norms)  # so clipping really bites
+    # the optimizer steps with norm == clip: clipped after unscaling (not clip / 4096)
+    assert fp16.seen_grad_norms == pytest.approx([clip] * 3, rel=1e-3)
+    assert fp32.seen_grad_norms == pytest.approx([clip] * 3, rel=1e-3)
+
+
+def test_resume_restores_everything_and_matches_an_uninterrupted_run(make_cfg, tmp_path):
+    # a scale that overflows at first, so the scaler backs off: its state then matters
+    common = ("precision=16-mixed", "precision.scaler.init_scale=16777216", "trainer.deterministic=true")
+    full = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/full")
+    train(full)
+    # the same run, stopped after its first epoch (as if killed then), resumed from last.ckpt
+    interrupted = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/part",
+                           "+callbacks.stop._target_=test_train.StopAfterEpoch")
+    train(interrupted)
+    assert torch.load(tmp_path / "part/checkpoints/last.ckpt", weights_only=True)["epoch"] == 0
+    resumed = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/part",
+                       f"ckpt_path={tmp_path}/part/checkpoints/last.ckpt")
+    r = train(resumed)
+    a = torch.load(tmp_path / "full/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    b = torch.load(tmp_path / "part/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert a["epoch"] == b["epoch"] == 2 and r[metrics.EPOCHS] == 3
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    assert a["MixedPrecision"] == b["MixedPrecision"]  # GradScaler state
+    assert b["MixedPrecision"]["scale"] < 16777216
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert torch.equal(
+        a["optimizer_states"][0]["state"][0]["momentum_buffer"], b["optimizer_states"][0]["state"][0]["momentum_buffer"]
+    )
+
+
+def test_same_seed_repeats_exactly_and_another_seed_does_not(make_cfg, tmp_path):
+    runs = [train(make_cfg("trainer.deterministic=true", f"seed={s}", f"run_dir={tmp_path}/{i}"))
+            for i, s in enumerate((5, 5, 6))]
+    w = [weights(tmp_path / f"{i}/checkpoints/last.ckpt") for i in range(3)]
+    assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+    assert runs[0] == {**runs[1], metrics.FIT_SECONDS: runs[0][metrics.FIT_SECONDS], "tested_ckpt": runs[0]["tested_ckpt"]}
+    assert not all(torch.equal(w[0][k], w[2][k]) for k in w[0])
+
+
+def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy(make_cfg, tmp_path):
+    result = train(make_cfg("trainer.max_epochs=2", f"run_dir={tmp_path}/train"))
+    ckpt = result["tested_ckpt"]
+    assert ckpt and "best" in ckpt
+    again = evaluate(make_cfg(f"ckpt_path={ckpt}", f"run_dir={tmp_path}/eval", config_name="eval"))
+    assert again[metrics.TEST_ACC] == result[metrics.TEST_ACC]
+    assert again[metrics.TEST_LOSS] == pytest.approx(result[metrics.TEST_LOSS], rel=1e-6)
+    assert (tmp_path / "eval" / "metrics.json").is_file()
