@@ -38,7 +38,9 @@ def seen(path) -> list[int]:
 
 def test_two_ranks_see_every_training_sample_once_per_epoch(make_cfg, tmp_path):
     # 180 training images, 2 ranks x 6 batches of 15: nothing is dropped.
-    cfg = make_cfg(*TWO_RANKS, "trainer.max_epochs=2", "data.batch_size=15", "callbacks=none", "test=false")
+    cfg = make_cfg(
+        *TWO_RANKS, "trainer.max_epochs=2", "data.batch_size=15", "callbacks=none", "test=false"
+    )
     dm = build_datamodule(cfg)
     dm.setup()
     images, _ = dm.splits["train"]
@@ -62,8 +64,12 @@ def test_two_rank_test_metrics_equal_one_rank(make_cfg, tmp_path):
     one = make_cfg("trainer=cpu", "data.eval_batch_size=32")
     two = make_cfg(*TWO_RANKS, "data.eval_batch_size=32")
     module = ImageClassifier(net=one.model, num_classes=10)
-    ref = build_trainer(one, [], []).test(module, datamodule=build_datamodule(one), verbose=False)[0]
-    got = build_trainer(two, [], []).test(module, datamodule=build_datamodule(two), verbose=False)[0]
+    ref = build_trainer(one, [], []).test(module, datamodule=build_datamodule(one), verbose=False)[
+        0
+    ]
+    got = build_trainer(two, [], []).test(module, datamodule=build_datamodule(two), verbose=False)[
+        0
+    ]
     assert got[metrics.TEST_ACC] == pytest.approx(ref[metrics.TEST_ACC], abs=1e-6)
     assert got[metrics.TEST_LOSS] == pytest.approx(ref[metrics.TEST_LOSS], rel=1e-5)
 
@@ -71,8 +77,16 @@ def test_two_rank_test_metrics_equal_one_rank(make_cfg, tmp_path):
 @pytest.mark.slow
 def test_multirun_of_ddp_jobs_makes_one_run_dir_per_job(tmp_path, tiny_data):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, str(REPO / "train.py"), "-m", *SHRINK, "trainer=ddp_cpu",
-           f"data.data_dir={tiny_data}", f"hydra.sweep.dir={sweep}", "module.label_smoothing=0.0,0.1"]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        *SHRINK,
+        "trainer=ddp_cpu",
+        f"data.data_dir={tiny_data}",
+        f"hydra.sweep.dir={sweep}",
+        "module.label_smoothing=0.0,0.1",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -22,10 +22,14 @@ def sbatch_script(overrides: list[str], folder) -> str:
     finally:
         HydraConfig.instance().cfg = None
     del params["_target_"], params["submitit_folder"]
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=params.pop("max_num_timeout"))
+    executor = submitit.AutoExecutor(
+        folder=folder, cluster="slurm", slurm_max_num_timeout=params.pop("max_num_timeout")
+    )
     base = set(OmegaConf.structured(BaseQueueConf).keys())
     executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
-    return executor._executor._make_submission_file_text("python -u -m submitit.core._submit x", "0")
+    return executor._executor._make_submission_file_text(
+        "python -u -m submitit.core._submit x", "0"
+    )
 
 
 def test_slurm_launcher_asks_for_the_trainers_nodes_and_gpus(tmp_path, monkeypatch):
@@ -35,12 +39,24 @@ def test_slurm_launcher_asks_for_the_trainers_nodes_and_gpus(tmp_path, monkeypat
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     script = sbatch_script(
-        ["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=4", "trainer.num_nodes=2",
-         "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=90"],
+        [
+            "hydra/launcher=slurm",
+            "trainer=ddp",
+            "trainer.devices=4",
+            "trainer.num_nodes=2",
+            "hydra.launcher.partition=gpu",
+            "hydra.launcher.timeout_min=90",
+        ],
         tmp_path,
     )
     lines = set(script.splitlines())
-    for expected in ("--nodes=2", "--gpus-per-node=4", "--ntasks-per-node=4", "--partition=gpu", "--time=90"):
+    for expected in (
+        "--nodes=2",
+        "--gpus-per-node=4",
+        "--ntasks-per-node=4",
+        "--partition=gpu",
+        "--time=90",
+    ):
         assert f"#SBATCH {expected}" in lines, expected
     # Lightning's auto-requeue listens on SIGUSR1: that is the only signal SLURM is asked for.
     assert [ln for ln in lines if "--signal" in ln] == ["#SBATCH --signal=USR1@120"]

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution
 
 from cifar_amp import metrics
-from cifar_amp.train import main, train
+from cifar_amp.train import train
 from conftest import CONFIGS, REPO, SHRINK, compose_cfg
 
 SEARCH = CONFIGS / "hparams_search" / "optuna.yaml"
@@ -32,10 +32,17 @@ def search_space() -> dict:
 
 def test_every_searched_value_is_a_valid_config(make_cfg):
     space = search_space()
-    assert set(space) >= {"module.optimizer.lr", "module.optimizer.weight_decay", "data.batch_size",
-                          "module.label_smoothing", "precision"}
+    assert set(space) >= {
+        "module.optimizer.lr",
+        "module.optimizer.weight_decay",
+        "data.batch_size",
+        "module.label_smoothing",
+        "precision",
+    }
     for key, dist in space.items():
-        values = dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
+        values = (
+            dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
+        )
         for value in values:
             make_cfg("hparams_search=optuna", f"{key}={value}")  # composes and validates
 
@@ -51,9 +58,17 @@ def test_objective_is_the_best_epoch_not_the_last(make_cfg, tmp_path):
 
 
 def run_search(cwd, sweep_dir, data_dir) -> None:
-    shrink = [o for o in SHRINK if not o.startswith("data.batch_size")]  # a fixed value is not searched
-    cmd = [sys.executable, str(REPO / "train.py"), "hparams_search=optuna", "hydra.sweeper.n_trials=2",
-           f"hydra.sweep.dir={sweep_dir}", *shrink, f"data.data_dir={data_dir}"]
+    # a value fixed on the command line would not be searched
+    shrink = [o for o in SHRINK if not o.startswith("data.batch_size")]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweep.dir={sweep_dir}",
+        *shrink,
+        f"data.data_dir={data_dir}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
