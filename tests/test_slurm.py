@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import submitit
 from hydra.core.hydra_config import HydraConfig
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
@@ -32,7 +33,8 @@ def sbatch_script(overrides: list[str], folder) -> str:
     )
 
 
-def test_slurm_launcher_asks_for_the_trainers_nodes_and_gpus(tmp_path, monkeypatch):
+@pytest.mark.parametrize("search", [(), ("hparams_search=optuna",)], ids=["grid", "optuna"])
+def test_slurm_launcher_asks_for_the_trainers_nodes_and_gpus(tmp_path, monkeypatch, search):
     fake = tmp_path / "bin" / "srun"  # submitit refuses to build an executor off-cluster
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\nexit 1\n")
@@ -46,6 +48,7 @@ def test_slurm_launcher_asks_for_the_trainers_nodes_and_gpus(tmp_path, monkeypat
             "trainer.num_nodes=2",
             "hydra.launcher.partition=gpu",
             "hydra.launcher.timeout_min=90",
+            *search,
         ],
         tmp_path,
     )
