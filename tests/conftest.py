@@ -35,9 +35,11 @@ SHRINK = (
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def compose_cfg(config_name: str = "train", overrides: tuple[str, ...] | list[str] = ()) -> DictConfig:
+def compose_cfg(
+    config_name: str = "train", overrides: tuple[str, ...] | list[str] = (), return_hydra_config: bool = False
+) -> DictConfig:
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose(config_name, overrides=list(overrides))
+        return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import inspect
 import math
 import typing
 from dataclasses import dataclass, field, make_dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -246,6 +247,14 @@ def model_schema(cls: type) -> type:
     return make_dataclass(f"{cls.__name__}Config", fields)
 
 
+def sqlite_url(path: str) -> str:
+    """``${sqlite:<file>}`` -> a SQLAlchemy URL, creating the file's folder (SQLite does not),
+    so that the Optuna study of ``hparams_search`` can live under ``logs/`` on a fresh clone."""
+    db = Path(path).expanduser().resolve()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{db}"
+
+
 def register() -> None:
     from cifar_amp import models  # each class in models.__all__ gets model_schema/<Name>
 
@@ -256,6 +265,8 @@ def register() -> None:
         cs.store(group="model_schema", name=name, node=model_schema(getattr(models, name)))
     if not OmegaConf.has_resolver("metric"):
         OmegaConf.register_new_resolver("metric", metrics.resolve)
+    if not OmegaConf.has_resolver("sqlite"):
+        OmegaConf.register_new_resolver("sqlite", sqlite_url)
 
 
 register()

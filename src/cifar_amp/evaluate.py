@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig
 
-from cifar_amp import config, metrics
+from cifar_amp import config, hydra_ddp, metrics
 from cifar_amp.config import EvalConfig
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
@@ -39,7 +39,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
 
 
 def main(cfg: DictConfig) -> float:
-    with reported():
+    with reported(), hydra_ddp.job():
         obj: EvalConfig = config.to_object(cfg)
         save_resolved_config(cfg, obj.run_dir)
         return evaluate(obj)[metrics.TEST_ACC]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import torch
@@ -35,6 +36,8 @@ class ImageClassifier(LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
+        if dataclasses.is_dataclass(net):  # a model_schema object cannot be pickled into hparams
+            net = dataclasses.asdict(net)
         # The network's config (not the optimizer partials) goes into every checkpoint, so
         # load_from_checkpoint / eval.py rebuild the right network from the file alone.
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)
@@ -64,7 +67,7 @@ class ImageClassifier(LightningModule):
         smoothing = self.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
         loss_metric, acc_metric = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
-        loss_metric(loss.detach())
+        loss_metric(loss.detach(), weight=len(y))  # a per-sample mean, whatever the batch sizes
         acc_metric(logits.detach(), y)
         loss_name, acc_name = NAMES[stage]
         self.log(loss_name, loss_metric, on_step=False, on_epoch=True, prog_bar=stage != "train")

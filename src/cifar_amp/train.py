@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from cifar_amp import config, metrics, precision
+from cifar_amp import config, hydra_ddp, metrics, precision
 from cifar_amp.config import TrainConfig
 from cifar_amp.data import CIFARDataModule
 from cifar_amp.errors import UserError, reported
@@ -123,7 +123,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 def main(cfg: DictConfig) -> float | None:
     """Hydra task function: validate, train, return `optimized_metric` for sweepers."""
-    with reported():
+    with reported(), hydra_ddp.job():
         obj: TrainConfig = config.to_object(cfg)
         save_resolved_config(cfg, obj.run_dir)
         result = train(obj)

@@ -1,0 +1,99 @@
+"""Two CPU processes (DDP over gloo): per-rank sharding, metric reduction across ranks, and a
+Hydra multirun whose jobs each run on two ranks."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from cifar_amp import metrics
+from cifar_amp.module import ImageClassifier
+from cifar_amp.train import build_datamodule, build_trainer
+from conftest import REPO, SHRINK
+
+TWO_RANKS = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp_fork")
+
+
+class RecordLabels(Callback):
+    """Appends each training batch's labels to <out>/rank<r>_epoch<e>.txt."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        path = self.out / f"rank{trainer.global_rank}_epoch{trainer.current_epoch}.txt"
+        with open(path, "a") as f:
+            f.write(" ".join(map(str, batch[1].tolist())) + "\n")
+
+
+def seen(path) -> list[int]:
+    return [int(v) for v in path.read_text().split()]
+
+
+def test_two_ranks_see_every_training_sample_once_per_epoch(make_cfg, tmp_path):
+    # 180 training images, 2 ranks x 6 batches of 15: nothing is dropped.
+    cfg = make_cfg(
+        *TWO_RANKS, "trainer.max_epochs=2", "data.batch_size=15", "callbacks=none", "test=false"
+    )
+    dm = build_datamodule(cfg)
+    dm.setup()
+    images, _ = dm.splits["train"]
+    n = len(images)
+    dm.splits["train"] = (images, torch.arange(n))  # label = sample index, one class each
+    sgd = functools.partial(torch.optim.SGD, lr=0.01)
+    module = ImageClassifier(net=cfg.model, num_classes=n, optimizer=sgd)
+    build_trainer(cfg, callbacks=[RecordLabels(tmp_path)], loggers=[]).fit(module, datamodule=dm)
+
+    orders = []
+    for epoch in (0, 1):
+        ranks = [seen(tmp_path / f"rank{r}_epoch{epoch}.txt") for r in (0, 1)]
+        assert len(ranks[0]) == len(ranks[1]) == n // 2
+        assert sorted(ranks[0] + ranks[1]) == list(range(n))  # the union is the set, no overlap
+        orders.append(ranks[0])
+    assert orders[0] != orders[1]  # a fresh permutation each epoch (Lightning's set_epoch)
+
+
+def test_two_rank_test_metrics_equal_one_rank(make_cfg, tmp_path):
+    # 60 test images: one rank sees batches of 32 + 28, two ranks 30 each.
+    one = make_cfg("trainer=cpu", "data.eval_batch_size=32")
+    two = make_cfg(*TWO_RANKS, "data.eval_batch_size=32")
+    module = ImageClassifier(net=one.model, num_classes=10)
+    ref = build_trainer(one, [], []).test(module, datamodule=build_datamodule(one), verbose=False)[
+        0
+    ]
+    got = build_trainer(two, [], []).test(module, datamodule=build_datamodule(two), verbose=False)[
+        0
+    ]
+    assert got[metrics.TEST_ACC] == pytest.approx(ref[metrics.TEST_ACC], abs=1e-6)
+    assert got[metrics.TEST_LOSS] == pytest.approx(ref[metrics.TEST_LOSS], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_multirun_of_ddp_jobs_makes_one_run_dir_per_job(tmp_path, tiny_data):
+    sweep = tmp_path / "sweep"
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        *SHRINK,
+        "trainer=ddp_cpu",
+        f"data.data_dir={tiny_data}",
+        f"hydra.sweep.dir={sweep}",
+        "module.label_smoothing=0.0,0.1",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    for job, smoothing in (("0", "0.0"), ("1", "0.1")):
+        assert len(list((sweep / job).rglob("metrics.json"))) == 1
+        # rank 1 ran this job (its own log, in this job's folder), not a sweep of its own
+        assert (sweep / job / "train_ddp_process_1.log").is_file()
+        assert f"label_smoothing: {smoothing}" in (sweep / job / "config.yaml").read_text()
+    assert not (tmp_path / "logs").exists()  # no stray runs/ or multiruns/ from the children
