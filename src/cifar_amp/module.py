@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional
 
 import torch
@@ -36,8 +35,6 @@ class ImageClassifier(LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        if dataclasses.is_dataclass(net):  # a model_schema object cannot be pickled into hparams
-            net = dataclasses.asdict(net)
         # The network's config (not the optimizer partials) goes into every checkpoint, so
         # load_from_checkpoint / eval.py rebuild the right network from the file alone.
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)
