@@ -1,8 +1,12 @@
 """Train a CIFAR classifier: `python train.py [overrides]` (see README)."""
 
+import sys
+from pathlib import Path
+
 import hydra
 
 from cifar_amp import train
+from cifar_amp.errors import check_group_choices
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -11,4 +15,5 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    check_group_choices(sys.argv[1:], Path(__file__).parent / "configs")
     main()

@@ -39,11 +39,13 @@ def test_no_data_and_no_network_gives_one_clear_message(tmp_path):
         ("precision=fp8", ["precision", "16-mixed", "bf16-mixed", "32-true"]),
         ("model=vgg", ["model", "resnet18", "speednet", "small_cnn"]),
         ("trainer=tpu", ["trainer", "ddp_cpu", "gpu"]),
+        ("precision=32-true,fp16", ["precision=fp16", "bf16-true"]),  # a sweep, item by item
     ],
 )
 def test_unknown_option_exits_nonzero_and_lists_choices(tmp_path, override, expected):
     r = run("train.py", override, f"hydra.run.dir={tmp_path}", tmp_path=tmp_path)
-    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
     for word in expected:
         assert word in r.stderr
 

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
@@ -33,3 +34,21 @@ def reported():
         log.error("%s", msg)
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(EXIT_CODE)
+
+
+def check_group_choices(argv: list[str], config_dir: Path) -> None:
+    """Exit 2 with one line if an override picks a config group option that does not exist.
+
+    Hydra would also refuse it, but over several lines; this names the key and the valid
+    choices on one. Sweeps (`precision=32-true,16-mixed`) are checked item by item.
+    """
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        group = config_dir / key.lstrip("+")
+        if not sep or "." in key or "/" in key or key.startswith("~") or not group.is_dir() or "(" in value:
+            continue
+        valid = sorted(p.stem for p in group.glob("*.yaml"))
+        for choice in value.split(","):
+            if choice not in valid and choice != "null":
+                print(f"error: {key}={choice} is not an option; valid: {', '.join(valid)}", file=sys.stderr)
+                sys.exit(EXIT_CODE)
