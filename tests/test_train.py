@@ -165,3 +165,25 @@ def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy(make_cfg, tmp_pat
     assert again[metrics.TEST_ACC] == result[metrics.TEST_ACC]
     assert again[metrics.TEST_LOSS] == pytest.approx(result[metrics.TEST_LOSS], rel=1e-6)
     assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+def test_channels_last_reaches_weights_and_batches(make_cfg):
+    from cifar_amp.module import ImageClassifier
+    from cifar_amp.train import build_datamodule
+
+    cfg = make_cfg("module.channels_last=true", "trainer.fast_dev_run=true")
+    dm = build_datamodule(cfg)
+    dm.setup()
+    x, _ = next(iter(dm.train_dataloader()))
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    module = ImageClassifier(cfg.model, 10, channels_last=True)
+    assert module.net.blocks[0][0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert 0.0 <= train(cfg)[metrics.TEST_ACC] <= 1.0
+
+
+@pytest.mark.slow
+def test_compiled_network_trains_and_saves_plain_keys(make_cfg, tmp_path):
+    result = train(make_cfg("module.compile=true", "trainer.max_epochs=1", "trainer.limit_train_batches=2"))
+    keys = weights(tmp_path / "checkpoints" / "last.ckpt").keys()
+    assert not any("_orig_mod" in k for k in keys)  # loads into an uncompiled network too
+    assert 0.0 <= result[metrics.TEST_ACC] <= 1.0
