@@ -1,0 +1,89 @@
+"""Kill a run partway, resume it from last.ckpt, and get exactly the uninterrupted result."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import lightning as L
+import pytest
+import torch
+
+from cifar_amp import metrics
+from cifar_amp.train import train
+from conftest import REPO, SHRINK
+
+EXACT = ("trainer.deterministic=true", "callbacks.step_checkpoint.every_n_train_steps=2")
+
+
+class CrashAt(L.Callback):
+    """Dies after optimizer step `step` (before that step's checkpoint, if any, is written)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *_) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError("simulated crash")
+
+
+def comparable(run_dir) -> dict:
+    out = json.loads((run_dir / "metrics.json").read_text())
+    out.pop(metrics.FIT_SECONDS)
+    out["tested_ckpt"] = os.path.basename(out["tested_ckpt"])
+    return out
+
+
+def assert_same_weights(a, b) -> None:
+    wa = torch.load(a / "checkpoints" / "last.ckpt", weights_only=False)
+    wb = torch.load(b / "checkpoints" / "last.ckpt", weights_only=False)
+    assert wa["global_step"] == wb["global_step"]
+    for k, v in wa["state_dict"].items():
+        assert torch.equal(v, wb["state_dict"][k]), k
+
+
+def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
+    train(make_cfg(*EXACT, f"run_dir={tmp_path / 'a'}"))
+    crashed = tmp_path / "b"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*EXACT, f"run_dir={crashed}", f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=5"))
+    last = crashed / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=False)
+    # Saved at step 4, mid-epoch; the loader's position is the loop's own batch count.
+    assert ckpt["global_step"] == 4
+    loop = ckpt["loops"]["fit_loop"]
+    assert ckpt["CIFARDataModule"]["train_loader"]["position"] == loop["epoch_loop.batch_progress"]["current"]["ready"] == 4
+    train(make_cfg(*EXACT, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert_same_weights(tmp_path / "a", crashed)
+    assert comparable(tmp_path / "a") == comparable(crashed)
+
+
+def _cli(tiny_data, run_dir, *extra: str) -> list[str]:
+    args = [*SHRINK, *EXACT, "trainer.max_epochs=3", f"data.data_dir={tiny_data}", f"hydra.run.dir={run_dir}", *extra]
+    return [sys.executable, str(REPO / "train.py"), *args]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    subprocess.run(_cli(tiny_data, tmp_path / "a"), check=True, env=env, capture_output=True)
+
+    killed = tmp_path / "b"
+    last = killed / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen(_cli(tiny_data, killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    step = torch.load(last, weights_only=False)["global_step"]
+    assert 0 < step < 33  # 3 epochs x 11 steps: the kill landed partway
+
+    subprocess.run(_cli(tiny_data, killed, f"ckpt_path={last}"), check=True, env=env, capture_output=True)
+    assert_same_weights(tmp_path / "a", killed)
+    assert comparable(tmp_path / "a") == comparable(killed)
