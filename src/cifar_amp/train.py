@@ -19,6 +19,7 @@ from cifar_amp.config import TrainConfig
 from cifar_amp.data import CIFARDataModule
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
+from cifar_amp.reliability.atomic_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,11 @@ def build_datamodule(cfg) -> CIFARDataModule:
 
 
 def build_trainer(cfg, callbacks: list, loggers: list) -> L.Trainer:
+    kwargs = precision.trainer_kwargs(cfg.precision, cfg.trainer)
+    kwargs["plugins"] = [*kwargs.get("plugins", []), AtomicCheckpointIO()]
     trainer = L.Trainer(
         **cfg.trainer.kwargs(),
-        **precision.trainer_kwargs(cfg.precision, cfg.trainer),
+        **kwargs,
         callbacks=callbacks,
         logger=loggers or False,
         default_root_dir=cfg.run_dir,
