@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -62,28 +63,57 @@ def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
     assert comparable(tmp_path / "a") == comparable(crashed)
 
 
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+
+
 def _cli(tiny_data, run_dir, *extra: str) -> list[str]:
     args = [*SHRINK, *EXACT, "trainer.max_epochs=3", f"data.data_dir={tiny_data}", f"hydra.run.dir={run_dir}", *extra]
     return [sys.executable, str(REPO / "train.py"), *args]
 
 
-@pytest.mark.slow
-def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    subprocess.run(_cli(tiny_data, tmp_path / "a"), check=True, env=env, capture_output=True)
+@pytest.fixture(scope="module")
+def reference_run(tiny_data, tmp_path_factory):
+    """The same CLI run, never interrupted."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    subprocess.run(_cli(tiny_data, run_dir), check=True, env=ENV, capture_output=True)
+    return run_dir
 
-    killed = tmp_path / "b"
-    last = killed / "checkpoints" / "last.ckpt"
-    proc = subprocess.Popen(_cli(tiny_data, killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def _start_and_signal(tiny_data, run_dir, signum):
+    """Start train.py, send `signum` once training has written a checkpoint; return (proc, stderr)."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen(_cli(tiny_data, run_dir), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)  # no chance to clean up
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=300)
     step = torch.load(last, weights_only=False)["global_step"]
-    assert 0 < step < 33  # 3 epochs x 11 steps: the kill landed partway
+    assert 0 < step < 33, "the signal did not land partway (3 epochs x 11 steps)"
+    return proc, err
 
-    subprocess.run(_cli(tiny_data, killed, f"ckpt_path={last}"), check=True, env=env, capture_output=True)
-    assert_same_weights(tmp_path / "a", killed)
-    assert comparable(tmp_path / "a") == comparable(killed)
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path, reference_run):
+    proc, _ = _start_and_signal(tiny_data, tmp_path, signal.SIGKILL)  # no chance to clean up
+    assert proc.returncode == -signal.SIGKILL
+    subprocess.run(_cli(tiny_data, tmp_path, f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}"), check=True, env=ENV, capture_output=True)
+    assert_same_weights(reference_run, tmp_path)
+    assert comparable(reference_run) == comparable(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_says_how_to_resume_and_resumes_exactly(tiny_data, tmp_path, reference_run, signum):
+    proc, err = _start_and_signal(tiny_data, tmp_path, signum)
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err
+    line = next(ln for ln in err.splitlines() if "Resume with: " in ln)
+    assert line.startswith(f"{signum.name}: stopped at epoch ")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert f"saved {last}" in line
+    command = shlex.split(line.split("Resume with: ", 1)[1])
+    assert command[0] == "python" and f"ckpt_path={last}" in command
+    subprocess.run([sys.executable, *command[1:]], check=True, env=ENV, capture_output=True, cwd=REPO)
+    assert_same_weights(reference_run, tmp_path)
+    assert comparable(reference_run) == comparable(tmp_path)

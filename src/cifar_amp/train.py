@@ -12,6 +12,7 @@ import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import config, metrics, precision
@@ -19,6 +20,7 @@ from cifar_amp.config import TrainConfig
 from cifar_amp.data import CIFARDataModule
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
+from cifar_amp.reliability import signals
 from cifar_amp.reliability.atomic_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
@@ -102,7 +104,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg, callbacks, loggers)
 
     start = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    except SIGTERMException:  # SaveOnSignal has saved last.ckpt and said how to resume
+        raise SystemExit(signals.exit_code(trainer)) from None
     fit_seconds = time.perf_counter() - start
     fitted = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
