@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import secrets
 import typing
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Optional
@@ -22,6 +23,7 @@ from cifar_amp.errors import UserError
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 DATASETS = ("cifar10", "cifar100")
+RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
 
 
 def _check(ok: bool, key: str, msg: str) -> None:
@@ -253,6 +255,8 @@ def register() -> None:
         cs.store(group="model_schema", name=name, node=model_schema(getattr(models, name)))
     if not OmegaConf.has_resolver("metric"):
         OmegaConf.register_new_resolver("metric", metrics.resolve)
+    if not OmegaConf.has_resolver("run_id"):  # configs/hydra: runs started in the same second differ
+        OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
 
 
 register()

@@ -20,7 +20,7 @@ from cifar_amp.config import TrainConfig
 from cifar_amp.data import CIFARDataModule
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
-from cifar_amp.reliability import signals
+from cifar_amp.reliability import preflight, signals
 from cifar_amp.reliability.atomic_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ def build_trainer(cfg, callbacks: list, loggers: list) -> L.Trainer:
 
 
 def check_ckpt(path: str | None) -> None:
-    if path and not Path(path).is_file():
-        raise UserError(f"ckpt_path={path}: no such file")
+    if path and path not in preflight.CKPT_KEYWORDS:
+        preflight.load_checkpoint(path)
 
 
 @rank_zero_only
@@ -84,7 +84,7 @@ def save_resolved_config(cfg: DictConfig, run_dir: str) -> None:
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write `<run_dir>/metrics.json`; return those metrics."""
     L.seed_everything(cfg.seed, workers=True)
-    check_ckpt(cfg.ckpt_path)
+    preflight.check_hardware(cfg.trainer, cfg.precision)
     dm = build_datamodule(cfg)
     module = _instantiate(
         ImageClassifier,
@@ -97,6 +97,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         channels_last=cfg.module.channels_last,
         compile=cfg.module.compile,
     )
+    if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
+        preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
     loggers = [_instantiate(c, f"logger.{k}") for k, c in cfg.logger.items() if c]
     callbacks = [_instantiate(c, f"callbacks.{k}") for k, c in cfg.callbacks.items() if c]
     if not loggers:  # LearningRateMonitor refuses to run without a logger (logger=none)
@@ -133,6 +135,7 @@ def main(cfg: DictConfig) -> float | None:
     """Hydra task function: validate, train, return `optimized_metric` for sweepers."""
     with reported():
         obj: TrainConfig = config.to_object(cfg)
+        rank_zero_only(preflight.check_run_dir)(obj.run_dir, obj.ckpt_path)
         save_resolved_config(cfg, obj.run_dir)
         result = train(obj)
         value = result.get(obj.optimized_metric)
