@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from cifar_amp import metrics
+from cifar_amp.module import ImageClassifier
 from cifar_amp.train import train
 from conftest import REPO, SHRINK
 
@@ -61,6 +62,7 @@ def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
     train(make_cfg(*EXACT, f"run_dir={crashed}", f"ckpt_path={last}"))
     assert_same_weights(tmp_path / "a", crashed)
     assert comparable(tmp_path / "a") == comparable(crashed)
+    ImageClassifier.load_from_checkpoint(last)  # the network is rebuilt from the file alone
 
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}

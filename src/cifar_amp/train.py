@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -89,7 +90,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     module = _instantiate(
         ImageClassifier,
         "model",
-        net=cfg.model,
+        # A plain dict: the schema dataclass is made at runtime and cannot be pickled into hparams.
+        net=dataclasses.asdict(cfg.model) if dataclasses.is_dataclass(cfg.model) else cfg.model,
         num_classes=dm.num_classes,
         optimizer=_instantiate(cfg.module.optimizer, "module.optimizer"),
         scheduler=_instantiate(cfg.module.scheduler, "module.scheduler") if cfg.module.scheduler else None,
