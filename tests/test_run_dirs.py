@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -44,3 +45,24 @@ def test_multirun_jobs_get_their_own_dirs(tmp_path, tiny_data):
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
     for job in ("0", "1"):
         assert (sweep / job / "metrics.json").is_file()
+
+
+SLURM_ENV = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+
+
+def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tmp_path):
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from cifar_amp.errors import UserError
+    from cifar_amp.reliability.preflight import check_run_dir
+    from cifar_amp.train import build_trainer
+
+    for k, v in SLURM_ENV.items():
+        monkeypatch.setenv(k, v)
+    env = build_trainer(make_cfg(), callbacks=[], loggers=[])._accelerator_connector.cluster_environment
+    assert isinstance(env, SLURMEnvironment) and env.auto_requeue and env.requeue_signal == signal.SIGUSR1
+    (tmp_path / "config.yaml").write_text("{}")
+    with pytest.raises(UserError):  # a used dir with nothing to resume from
+        check_run_dir(str(tmp_path), None)
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")  # written by Lightning on the requeue signal
+    check_run_dir(str(tmp_path), None)
