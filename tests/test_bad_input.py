@@ -10,12 +10,12 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, SHRINK, compose_cfg
 
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
 from cifar_amp.reliability import preflight
 from cifar_amp.train import train
-from conftest import REPO, SHRINK, compose_cfg
 
 SMALL = {"_target_": "cifar_amp.models.SmallCNN", "width": 8, "hidden": 32}
 
@@ -26,7 +26,10 @@ CONFIG_CASES = [
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val: -1.0; must be >= 0"),
     (["data.val_split=1.5"], "data.val_split: 1.5 not in [0, 1)"),
     (["trainer.devices=4096"], "trainer.devices=4096: only"),
-    (["trainer.strategy=ddp"], "trainer.strategy=ddp with trainer.devices=1 on CPU is a single process"),
+    (
+        ["trainer.strategy=ddp"],
+        "trainer.strategy=ddp with trainer.devices=1 on CPU is a single process",
+    ),
 ]
 
 
@@ -59,10 +62,18 @@ def test_gpu_asked_where_there_is_none(make_cfg):
 
 
 def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):
-    for name, value in {"is_available": True, "device_count": 1, "is_bf16_supported": False, "get_device_name": "Tesla V100"}.items():
+    for name, value in {
+        "is_available": True,
+        "device_count": 1,
+        "is_bf16_supported": False,
+        "get_device_name": "Tesla V100",
+    }.items():
         monkeypatch.setattr(torch.cuda, name, lambda *a, v=value, **k: v)
     cfg = make_cfg("trainer=gpu", "precision=bf16-mixed")
-    with pytest.raises(UserError, match="precision=bf16-mixed: Tesla V100 has no bfloat16 support; valid here: 16-mixed"):
+    with pytest.raises(
+        UserError,
+        match="precision=bf16-mixed: Tesla V100 has no bfloat16 support; valid here: 16-mixed",
+    ):
         preflight.check_hardware(cfg.trainer, cfg.precision)
 
 
@@ -117,9 +128,15 @@ def _truncated(path):
 CKPT_CASES = [
     (lambda p: p / "nope.ckpt", "nope.ckpt: no such file"),
     (_truncated, "is truncated or not a checkpoint"),
-    (lambda p: _fake_ckpt(p, width=4), "does not fit this model (check model=...): shapes (checkpoint vs model): net.blocks.0.0.weight (4, 3, 3, 3) vs (8, 3, 3, 3)"),
+    (
+        lambda p: _fake_ckpt(p, width=4),
+        "does not fit this model (check model=...): shapes (checkpoint vs model): net.blocks.0.0.weight (4, 3, 3, 3) vs (8, 3, 3, 3)",
+    ),
     (lambda p: _fake_ckpt(p, num_classes=100), "was trained for 100 classes; data.dataset has 10"),
-    (lambda p: _fake_ckpt(p, net={"_target_": "cifar_amp.models.SpeedNet"}), "missing from the checkpoint: net.blocks.0.0.bias"),
+    (
+        lambda p: _fake_ckpt(p, net={"_target_": "cifar_amp.models.SpeedNet"}),
+        "missing from the checkpoint: net.blocks.0.0.bias",
+    ),
 ]
 
 
@@ -134,7 +151,9 @@ def test_bad_checkpoint(make_cfg, tmp_path, make, message):
 def test_used_run_dir_is_refused_unless_resuming(tmp_path):
     preflight.check_run_dir(str(tmp_path), None)  # empty: fine
     (tmp_path / "config.yaml").write_text("{}")
-    with pytest.raises(UserError, match=f"run dir {tmp_path} already holds a run; resume it with ckpt_path="):
+    with pytest.raises(
+        UserError, match=f"run dir {tmp_path} already holds a run; resume it with ckpt_path="
+    ):
         preflight.check_run_dir(str(tmp_path), None)
     preflight.check_run_dir(str(tmp_path), str(tmp_path / "checkpoints" / "last.ckpt"))
 
@@ -142,7 +161,14 @@ def test_used_run_dir_is_refused_unless_resuming(tmp_path):
 def _cli(tmp_path, *overrides, env=None):
     args = [*SHRINK, f"hydra.run.dir={tmp_path / 'run'}", *overrides]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,  # the tests assert the exit code
+    )
 
 
 @pytest.mark.slow
@@ -150,9 +176,15 @@ def _cli(tmp_path, *overrides, env=None):
     "overrides, message",
     [
         (["trainer.max_epochs=abc"], "trainer.max_epochs"),
-        (["module.optimizer.lr=-1"], "error: invalid config value for module.optimizer.lr: -1; must be > 0"),
+        (
+            ["module.optimizer.lr=-1"],
+            "error: invalid config value for module.optimizer.lr: -1; must be > 0",
+        ),
         (["ckpt_path=/no/such.ckpt"], "error: ckpt_path=/no/such.ckpt: no such file"),
-        (["data.data_dir=/no/such/folder"], "error: no cifar-10-batches-py/ found in data.data_dir=/no/such/folder"),
+        (
+            ["data.data_dir=/no/such/folder"],
+            "error: no cifar-10-batches-py/ found in data.data_dir=/no/such/folder",
+        ),
     ],
 )
 def test_cli_reports_bad_input_without_traceback(tmp_path, tiny_data, overrides, message):
@@ -167,5 +199,10 @@ def test_cli_reports_bad_input_without_traceback(tmp_path, tiny_data, overrides,
 
 @pytest.mark.slow
 def test_cli_full_traceback_on_request(tmp_path, tiny_data):
-    proc = _cli(tmp_path, f"data.data_dir={tiny_data}", "module.optimizer.lr=-1", env={"HYDRA_FULL_ERROR": "1"})
+    proc = _cli(
+        tmp_path,
+        f"data.data_dir={tiny_data}",
+        "module.optimizer.lr=-1",
+        env={"HYDRA_FULL_ERROR": "1"},
+    )
     assert proc.returncode != 0 and "Traceback" in proc.stderr

@@ -13,11 +13,11 @@ import time
 import lightning as L
 import pytest
 import torch
+from conftest import REPO, SHRINK
 
 from cifar_amp import metrics
 from cifar_amp.module import ImageClassifier
 from cifar_amp.train import train
-from conftest import REPO, SHRINK
 
 EXACT = ("trainer.deterministic=true", "callbacks.step_checkpoint.every_n_train_steps=2")
 
@@ -52,13 +52,24 @@ def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
     train(make_cfg(*EXACT, f"run_dir={tmp_path / 'a'}"))
     crashed = tmp_path / "b"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(make_cfg(*EXACT, f"run_dir={crashed}", f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=5"))
+        train(
+            make_cfg(
+                *EXACT,
+                f"run_dir={crashed}",
+                f"+callbacks.crash._target_={__name__}.CrashAt",
+                "+callbacks.crash.step=5",
+            )
+        )
     last = crashed / "checkpoints" / "last.ckpt"
     ckpt = torch.load(last, weights_only=False)
     # Saved at step 4, mid-epoch; the loader's position is the loop's own batch count.
     assert ckpt["global_step"] == 4
     loop = ckpt["loops"]["fit_loop"]
-    assert ckpt["CIFARDataModule"]["train_loader"]["position"] == loop["epoch_loop.batch_progress"]["current"]["ready"] == 4
+    assert (
+        ckpt["CIFARDataModule"]["train_loader"]["position"]
+        == loop["epoch_loop.batch_progress"]["current"]["ready"]
+        == 4
+    )
     train(make_cfg(*EXACT, f"run_dir={crashed}", f"ckpt_path={last}"))
     assert_same_weights(tmp_path / "a", crashed)
     assert comparable(tmp_path / "a") == comparable(crashed)
@@ -69,7 +80,14 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 
 
 def _cli(tiny_data, run_dir, *extra: str) -> list[str]:
-    args = [*SHRINK, *EXACT, "trainer.max_epochs=3", f"data.data_dir={tiny_data}", f"hydra.run.dir={run_dir}", *extra]
+    args = [
+        *SHRINK,
+        *EXACT,
+        "trainer.max_epochs=3",
+        f"data.data_dir={tiny_data}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
     return [sys.executable, str(REPO / "train.py"), *args]
 
 
@@ -84,7 +102,13 @@ def reference_run(tiny_data, tmp_path_factory):
 def _start_and_signal(tiny_data, run_dir, signum):
     """Start train.py, send `signum` once training has written a checkpoint; return (proc, stderr)."""
     last = run_dir / "checkpoints" / "last.ckpt"
-    proc = subprocess.Popen(_cli(tiny_data, run_dir), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _cli(tiny_data, run_dir),
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -99,14 +123,21 @@ def _start_and_signal(tiny_data, run_dir, signum):
 def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path, reference_run):
     proc, _ = _start_and_signal(tiny_data, tmp_path, signal.SIGKILL)  # no chance to clean up
     assert proc.returncode == -signal.SIGKILL
-    subprocess.run(_cli(tiny_data, tmp_path, f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}"), check=True, env=ENV, capture_output=True)
+    subprocess.run(
+        _cli(tiny_data, tmp_path, f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}"),
+        check=True,
+        env=ENV,
+        capture_output=True,
+    )
     assert_same_weights(reference_run, tmp_path)
     assert comparable(reference_run) == comparable(tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_saves_says_how_to_resume_and_resumes_exactly(tiny_data, tmp_path, reference_run, signum):
+def test_signal_saves_says_how_to_resume_and_resumes_exactly(
+    tiny_data, tmp_path, reference_run, signum
+):
     proc, err = _start_and_signal(tiny_data, tmp_path, signum)
     assert proc.returncode == 128 + signum, err
     assert "Traceback" not in err
@@ -116,6 +147,8 @@ def test_signal_saves_says_how_to_resume_and_resumes_exactly(tiny_data, tmp_path
     assert f"saved {last}" in line
     command = shlex.split(line.split("Resume with: ", 1)[1])
     assert command[0] == "python" and f"ckpt_path={last}" in command
-    subprocess.run([sys.executable, *command[1:]], check=True, env=ENV, capture_output=True, cwd=REPO)
+    subprocess.run(
+        [sys.executable, *command[1:]], check=True, env=ENV, capture_output=True, cwd=REPO
+    )
     assert_same_weights(reference_run, tmp_path)
     assert comparable(reference_run) == comparable(tmp_path)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, SHRINK
 
 QUICK = (*SHRINK, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false")
@@ -17,7 +16,9 @@ QUICK = (*SHRINK, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"
 def _start(cwd, *args):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [sys.executable, str(REPO / "train.py"), *QUICK, *args]
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.mark.slow
@@ -47,7 +48,14 @@ def test_multirun_jobs_get_their_own_dirs(tmp_path, tiny_data):
         assert (sweep / job / "metrics.json").is_file()
 
 
-SLURM_ENV = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+SLURM_ENV = {
+    "SLURM_NTASKS": "1",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_JOB_ID": "77",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
 
 
 def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tmp_path):
@@ -59,8 +67,14 @@ def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tm
 
     for k, v in SLURM_ENV.items():
         monkeypatch.setenv(k, v)
-    env = build_trainer(make_cfg(), callbacks=[], loggers=[])._accelerator_connector.cluster_environment
-    assert isinstance(env, SLURMEnvironment) and env.auto_requeue and env.requeue_signal == signal.SIGUSR1
+    env = build_trainer(
+        make_cfg(), callbacks=[], loggers=[]
+    )._accelerator_connector.cluster_environment
+    assert (
+        isinstance(env, SLURMEnvironment)
+        and env.auto_requeue
+        and env.requeue_signal == signal.SIGUSR1
+    )
     (tmp_path / "config.yaml").write_text("{}")
     with pytest.raises(UserError):  # a used dir with nothing to resume from
         check_run_dir(str(tmp_path), None)

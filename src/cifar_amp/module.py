@@ -83,7 +83,6 @@ class ImageClassifier(LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "test")
 
-
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:
             return

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
@@ -21,7 +21,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path, storage_options: Any | None = None
+    ) -> None:
         if storage_options is not None or not _is_local_file_protocol(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)

@@ -31,7 +31,9 @@ class StopOnNonFiniteLoss(Callback):
 
     def __init__(self, patience: int = 10, check_every: int = 25) -> None:
         if patience < 1 or check_every < 1:
-            raise UserError(f"callbacks.non_finite: patience={patience} and check_every={check_every} must be >= 1")
+            raise UserError(
+                f"callbacks.non_finite: patience={patience} and check_every={check_every} must be >= 1"
+            )
         self.patience, self.check_every = patience, check_every
         self._run: torch.Tensor | None = None  # consecutive non-finite losses
         self._first: torch.Tensor | None = None  # step of the first one since the last read, or -1
@@ -53,7 +55,10 @@ class StopOnNonFiniteLoss(Callback):
         # Runs before the file is written: raising here keeps the previous file.
         self._check(trainer)
         # Buffers too: BatchNorm running statistics turn NaN before any weight does.
-        tensors = [*pl_module.parameters(), *(b for b in pl_module.buffers() if b.is_floating_point())]
+        tensors = [
+            *pl_module.parameters(),
+            *(b for b in pl_module.buffers() if b.is_floating_point()),
+        ]
         finite = torch.stack([t.detach().isfinite().all() for t in tensors]).all()
         if not finite:
             self._stop(trainer, f"the weights became non-finite by step {trainer.global_step}")
@@ -67,11 +72,16 @@ class StopOnNonFiniteLoss(Callback):
         self._first.fill_(-1)
         log.warning("non-finite training loss at step %d (%d consecutive so far)", first, run)
         if run >= self.patience:
-            self._stop(trainer, f"the training loss was non-finite for {run} consecutive steps up to step {trainer.global_step}")
+            self._stop(
+                trainer,
+                f"the training loss was non-finite for {run} consecutive steps up to step {trainer.global_step}",
+            )
 
     def _stop(self, trainer, what: str) -> None:
         last = last_checkpoint_path(trainer)
-        kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
+        kept = (
+            f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
+        )
         raise NonFiniteLossError(
             f"{what}; stopped (callbacks.non_finite.patience={self.patience}); {kept}. "
             "Try a lower module.optimizer.lr, trainer.gradient_clip_val, or precision=32-true / bf16-mixed"

@@ -29,10 +29,16 @@ def check_hardware(trainer_cfg, precision_cfg) -> None:
     if isinstance(wanted, str) and wanted.strip().lstrip("-").isdigit():
         wanted = int(wanted)
     if isinstance(wanted, int) and wanted > have:
-        raise UserError(f"trainer.devices={wanted}: only {have} {unit} here; valid: 1..{have}, -1 (all) or auto")
+        raise UserError(
+            f"trainer.devices={wanted}: only {have} {unit} here; valid: 1..{have}, -1 (all) or auto"
+        )
     if isinstance(wanted, (list, tuple)) and device == "cuda" and wanted and max(wanted) >= have:
         raise UserError(f"trainer.devices={list(wanted)}: GPU indices must be in 0..{have - 1}")
-    if device == "cuda" and precision_cfg.name.startswith("bf16") and not torch.cuda.is_bf16_supported():
+    if (
+        device == "cuda"
+        and precision_cfg.name.startswith("bf16")
+        and not torch.cuda.is_bf16_supported()
+    ):
         name = torch.cuda.get_device_name()
         raise UserError(
             f"precision={precision_cfg.name}: {name} has no bfloat16 support; valid here: 16-mixed, 32-true, 16-true"
@@ -48,11 +54,15 @@ def check_hardware(trainer_cfg, precision_cfg) -> None:
 def load_checkpoint(path: str) -> dict:
     """The checkpoint at `ckpt_path`, or a one-line error for a missing, truncated or foreign file."""
     if not Path(path).is_file():
-        raise UserError(f"ckpt_path={path}: no such file (valid: a .ckpt file, or one of {CKPT_KEYWORDS})")
+        raise UserError(
+            f"ckpt_path={path}: no such file (valid: a .ckpt file, or one of {CKPT_KEYWORDS})"
+        )
     try:  # mmap: reads only the index now, tensors on demand
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:  # zip/pickle errors of a truncated or foreign file
-        raise UserError(f"ckpt_path={path} is truncated or not a checkpoint ({type(e).__name__}: {e})") from e
+        raise UserError(
+            f"ckpt_path={path} is truncated or not a checkpoint ({type(e).__name__}: {e})"
+        ) from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise UserError(f"ckpt_path={path} is not a Lightning checkpoint (no 'state_dict')")
     return ckpt
@@ -63,18 +73,26 @@ def check_checkpoint_fits(path: str, module: torch.nn.Module, num_classes: int) 
     ckpt = load_checkpoint(path)
     theirs = ckpt.get("hyper_parameters", {}).get("num_classes")
     if theirs is not None and theirs != num_classes:
-        raise UserError(f"ckpt_path={path} was trained for {theirs} classes; data.dataset has {num_classes}")
+        raise UserError(
+            f"ckpt_path={path} was trained for {theirs} classes; data.dataset has {num_classes}"
+        )
     saved, ours = ckpt["state_dict"], module.state_dict()
     problems = []
     if missing := sorted(set(ours) - set(saved)):
         problems.append(f"missing from the checkpoint: {_few(missing)}")
     if extra := sorted(set(saved) - set(ours)):
         problems.append(f"not in this model: {_few(extra)}")
-    shapes = [f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}" for k, v in ours.items() if k in saved and saved[k].shape != v.shape]
+    shapes = [
+        f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}"
+        for k, v in ours.items()
+        if k in saved and saved[k].shape != v.shape
+    ]
     if shapes:
         problems.append(f"shapes (checkpoint vs model): {_few(shapes)}")
     if problems:
-        raise UserError(f"ckpt_path={path} does not fit this model (check model=...): " + "; ".join(problems))
+        raise UserError(
+            f"ckpt_path={path} does not fit this model (check model=...): " + "; ".join(problems)
+        )
 
 
 def _few(items: list[str], n: int = 3) -> str:

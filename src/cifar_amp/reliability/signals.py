@@ -37,14 +37,18 @@ class SaveOnSignal(Callback):
         if threading.current_thread() is not threading.main_thread():
             return
         self._trainer = trainer
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self._previous = {
+            s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)
+        }
 
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT:
             if self.signum == signal.SIGINT:
                 raise KeyboardInterrupt  # second Ctrl+C: stop now, without saving
             self.signum = signal.SIGINT
-            log.warning("Ctrl+C: finishing this batch, then saving a checkpoint (press again to abort)")
+            log.warning(
+                "Ctrl+C: finishing this batch, then saving a checkpoint (press again to abort)"
+            )
             os.kill(os.getpid(), signal.SIGTERM)  # Lightning's graceful path
             return
         self.signum = self.signum or signum
@@ -105,7 +109,11 @@ def resume_command(ckpt: Path, run_dir: str) -> str:
 
     if not HydraConfig.initialized():
         return f"train(cfg) with ckpt_path={ckpt}"
-    keep = [o for o in HydraConfig.get().overrides.task if not o.startswith(("ckpt_path=", "hydra.run.dir="))]
+    keep = [
+        o
+        for o in HydraConfig.get().overrides.task
+        if not o.startswith(("ckpt_path=", "hydra.run.dir="))
+    ]
     args = [*keep, f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}"]
     return "python " + shlex.join([sys.argv[0] or "train.py", *args])
 
