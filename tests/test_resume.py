@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -20,6 +21,7 @@ from cifar_amp.module import ImageClassifier
 from cifar_amp.train import train
 
 EXACT = ("trainer.deterministic=true", "callbacks.step_checkpoint.every_n_train_steps=2")
+RECORD = f"+callbacks.record._target_={__name__}.RecordTrainMetrics"
 
 
 class CrashAt(L.Callback):
@@ -31,6 +33,14 @@ class CrashAt(L.Callback):
     def on_train_batch_end(self, trainer, *_) -> None:
         if trainer.global_step == self.step:
             raise RuntimeError("simulated crash")
+
+
+class RecordTrainMetrics(L.Callback):
+    """Writes the training epoch's metrics (not in metrics.json) to <run_dir>/train_metrics.json."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        values = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train")}
+        (Path(trainer.default_root_dir) / "train_metrics.json").write_text(json.dumps(values))
 
 
 def comparable(run_dir) -> dict:
@@ -49,7 +59,7 @@ def assert_same_weights(a, b) -> None:
 
 
 def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
-    train(make_cfg(*EXACT, f"run_dir={tmp_path / 'a'}"))
+    train(make_cfg(*EXACT, RECORD, f"run_dir={tmp_path / 'a'}"))
     crashed = tmp_path / "b"
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(
@@ -70,9 +80,12 @@ def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
         == loop["epoch_loop.batch_progress"]["current"]["ready"]
         == 4
     )
-    train(make_cfg(*EXACT, f"run_dir={crashed}", f"ckpt_path={last}"))
+    train(make_cfg(*EXACT, RECORD, f"run_dir={crashed}", f"ckpt_path={last}"))
     assert_same_weights(tmp_path / "a", crashed)
     assert comparable(tmp_path / "a") == comparable(crashed)
+    # The interrupted epoch's running training metrics were checkpointed too.
+    train_metrics = [(run / "train_metrics.json").read_text() for run in (tmp_path / "a", crashed)]
+    assert train_metrics[0] == train_metrics[1]
     ImageClassifier.load_from_checkpoint(last)  # the network is rebuilt from the file alone
 
 
