@@ -165,3 +165,32 @@ def test_signal_saves_says_how_to_resume_and_resumes_exactly(
     )
     assert_same_weights(reference_run, tmp_path)
     assert comparable(reference_run) == comparable(tmp_path)
+
+
+class SigtermDuringValidation(L.Callback):
+    """Sends this process SIGTERM in the middle of the first validation."""
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ):
+        if batch_idx == 0 and not trainer.sanity_checking and trainer.current_epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_sigterm_during_validation_stops_after_it_and_resumes_exactly(make_cfg, tmp_path):
+    common = (*EXACT, "trainer.max_epochs=2", "data.eval_batch_size=8")  # 3 validation batches
+    train(make_cfg(*common, f"run_dir={tmp_path / 'a'}"))
+    stopped = tmp_path / "b"
+    sig = f"+callbacks.sig._target_={__name__}.SigtermDuringValidation"
+    with pytest.raises(SystemExit) as e:
+        train(make_cfg(*common, sig, f"run_dir={stopped}"))
+    assert e.value.code == 128 + signal.SIGTERM
+    last = stopped / "checkpoints" / "last.ckpt"
+    val = torch.load(last, weights_only=False)["loops"]["fit_loop"][
+        "epoch_loop.val_loop.batch_progress"
+    ]
+    assert val["current"]["completed"] == 3  # saved after the whole validation, not inside it
+    train(make_cfg(*common, f"run_dir={stopped}", f"ckpt_path={last}"))
+    assert_same_weights(tmp_path / "a", stopped)
+    assert comparable(tmp_path / "a") == comparable(stopped)
