@@ -21,6 +21,7 @@ from cifar_amp.module import ImageClassifier
 from cifar_amp.train import train
 
 EXACT = ("trainer.deterministic=true", "callbacks.step_checkpoint.every_n_train_steps=2")
+CSV = ("logger=csv", "trainer.log_every_n_steps=1")
 RECORD = f"+callbacks.record._target_={__name__}.RecordTrainMetrics"
 
 
@@ -65,6 +66,7 @@ def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
         train(
             make_cfg(
                 *EXACT,
+                *CSV,
                 f"run_dir={crashed}",
                 f"+callbacks.crash._target_={__name__}.CrashAt",
                 "+callbacks.crash.step=5",
@@ -80,12 +82,16 @@ def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
         == loop["epoch_loop.batch_progress"]["current"]["ready"]
         == 4
     )
-    train(make_cfg(*EXACT, RECORD, f"run_dir={crashed}", f"ckpt_path={last}"))
+    train(make_cfg(*EXACT, *CSV, RECORD, f"run_dir={crashed}", f"ckpt_path={last}"))
     assert_same_weights(tmp_path / "a", crashed)
     assert comparable(tmp_path / "a") == comparable(crashed)
     # The interrupted epoch's running training metrics were checkpointed too.
     train_metrics = [(run / "train_metrics.json").read_text() for run in (tmp_path / "a", crashed)]
     assert train_metrics[0] == train_metrics[1]
+    # The CSV log of the interrupted part is kept beside the resumed one.
+    assert "train/loss" not in (crashed / "metrics.1.csv").read_text()  # no epoch finished
+    assert "lr-SGD" in (crashed / "metrics.1.csv").read_text()
+    assert "train/loss" in (crashed / "metrics.csv").read_text()
     ImageClassifier.load_from_checkpoint(last)  # the network is rebuilt from the file alone
 
 

@@ -101,6 +101,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     )
     if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
         preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
+    if cfg.ckpt_path:
+        rank_zero_only(preflight.keep_previous_logs)(cfg.run_dir)
     loggers = [_instantiate(c, f"logger.{k}") for k, c in cfg.logger.items() if c]
     callbacks = [_instantiate(c, f"callbacks.{k}") for k, c in cfg.callbacks.items() if c]
     if not loggers:  # LearningRateMonitor refuses to run without a logger (logger=none)

@@ -110,3 +110,16 @@ def check_run_dir(run_dir: str, ckpt_path: str | None) -> None:
         f"run dir {run_dir} already holds a run; resume it with ckpt_path={root / 'checkpoints' / 'last.ckpt'} "
         "or pick a new hydra.run.dir"
     )
+
+
+def keep_previous_logs(run_dir: str) -> None:
+    """Before a resume in the same run dir: Lightning's CSVLogger deletes an existing
+    metrics.csv when it starts, so move it aside (metrics.1.csv, ...) to keep the logs of the
+    interrupted part."""
+    old = Path(run_dir) / "metrics.csv"
+    if not old.is_file():
+        return
+    n = 1
+    while (kept := old.with_name(f"metrics.{n}.csv")).exists():
+        n += 1
+    old.rename(kept)
