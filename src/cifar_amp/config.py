@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import secrets
 import typing
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from cifar_amp.errors import UserError
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 DATASETS = ("cifar10", "cifar100")
+RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
 
 
 def _check(ok: bool, key: str, msg: str) -> None:
@@ -267,6 +269,8 @@ def register() -> None:
         OmegaConf.register_new_resolver("metric", metrics.resolve)
     if not OmegaConf.has_resolver("sqlite"):
         OmegaConf.register_new_resolver("sqlite", sqlite_url)
+    if not OmegaConf.has_resolver("run_id"):  # configs/hydra: runs started in the same second differ
+        OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
 
 
 register()

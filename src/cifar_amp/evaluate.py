@@ -14,6 +14,7 @@ from cifar_amp import config, hydra_ddp, metrics
 from cifar_amp.config import EvalConfig
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
+from cifar_amp.reliability import preflight
 from cifar_amp.train import _instantiate, build_datamodule, build_trainer, check_ckpt, save_resolved_config, write_json
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     except Exception as e:
         raise UserError(f"ckpt_path={cfg.ckpt_path}: cannot load ({type(e).__name__}: {e})") from e
     loggers = [_instantiate(c, f"logger.{k}") for k, c in cfg.logger.items() if c]
+    preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
     trainer = build_trainer(cfg, callbacks=[], loggers=loggers)
     trainer.test(module, datamodule=dm)
     result = {k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}

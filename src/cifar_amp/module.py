@@ -49,6 +49,9 @@ class ImageClassifier(LightningModule):
             setattr(self, f"{stage}_loss", MeanMetric())
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # survives a resume
+        # So are the training epoch's running loss/accuracy, for a resume mid-epoch.
+        self.train_loss.persistent(True)
+        self.train_acc.persistent(True)
 
     def configure_model(self) -> None:
         # In place (nn.Module.compile), so state-dict keys are the same compiled or not.
@@ -79,10 +82,6 @@ class ImageClassifier(LightningModule):
 
     def test_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "test")
-
-    def on_train_start(self) -> None:
-        # The sanity check must not leak into the best-so-far accuracy.
-        self.val_acc_best.reset()
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:

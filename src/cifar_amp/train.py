@@ -12,6 +12,7 @@ import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import config, hydra_ddp, metrics, precision
@@ -19,6 +20,8 @@ from cifar_amp.config import TrainConfig
 from cifar_amp.data import CIFARDataModule
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
+from cifar_amp.reliability import preflight, signals
+from cifar_amp.reliability.atomic_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +51,11 @@ def build_datamodule(cfg) -> CIFARDataModule:
 
 
 def build_trainer(cfg, callbacks: list, loggers: list) -> L.Trainer:
+    kwargs = precision.trainer_kwargs(cfg.precision, cfg.trainer)
+    kwargs["plugins"] = [*kwargs.get("plugins", []), AtomicCheckpointIO()]
     trainer = L.Trainer(
         **cfg.trainer.kwargs(),
-        **precision.trainer_kwargs(cfg.precision, cfg.trainer),
+        **kwargs,
         callbacks=callbacks,
         logger=loggers or False,
         default_root_dir=cfg.run_dir,
@@ -60,8 +65,8 @@ def build_trainer(cfg, callbacks: list, loggers: list) -> L.Trainer:
 
 
 def check_ckpt(path: str | None) -> None:
-    if path and not Path(path).is_file():
-        raise UserError(f"ckpt_path={path}: no such file")
+    if path and path not in preflight.CKPT_KEYWORDS:
+        preflight.load_checkpoint(path)
 
 
 @rank_zero_only
@@ -79,7 +84,7 @@ def save_resolved_config(cfg: DictConfig, run_dir: str) -> None:
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write `<run_dir>/metrics.json`; return those metrics."""
     L.seed_everything(cfg.seed, workers=True)
-    check_ckpt(cfg.ckpt_path)
+    preflight.check_hardware(cfg.trainer, cfg.precision)
     dm = build_datamodule(cfg)
     module = _instantiate(
         ImageClassifier,
@@ -92,6 +97,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         channels_last=cfg.module.channels_last,
         compile=cfg.module.compile,
     )
+    if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
+        preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
+    if cfg.ckpt_path:
+        rank_zero_only(preflight.keep_previous_logs)(cfg.run_dir)
     loggers = [_instantiate(c, f"logger.{k}") for k, c in cfg.logger.items() if c]
     callbacks = [_instantiate(c, f"callbacks.{k}") for k, c in cfg.callbacks.items() if c]
     if not loggers:  # LearningRateMonitor refuses to run without a logger (logger=none)
@@ -99,7 +108,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg, callbacks, loggers)
 
     start = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    except SIGTERMException:  # SaveOnSignal has saved last.ckpt and said how to resume
+        raise SystemExit(signals.exit_code(trainer)) from None
     fit_seconds = time.perf_counter() - start
     fitted = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -125,6 +137,7 @@ def main(cfg: DictConfig) -> float | None:
     """Hydra task function: validate, train, return `optimized_metric` for sweepers."""
     with reported(), hydra_ddp.job():
         obj: TrainConfig = config.to_object(cfg)
+        rank_zero_only(preflight.check_run_dir)(obj.run_dir, obj.ckpt_path)
         save_resolved_config(cfg, obj.run_dir)
         result = train(obj)
         value = result.get(obj.optimized_metric)

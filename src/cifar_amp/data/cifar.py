@@ -135,6 +135,8 @@ class CIFARDataModule(LightningDataModule):
         self.augment = augment or AugmentConfig()
         self.channels_last = channels_last
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._train: DeviceBatches | None = None
+        self._train_state: dict | None = None
 
     @property
     def num_classes(self) -> int:
@@ -179,7 +181,22 @@ class CIFARDataModule(LightningDataModule):
         )
 
     def train_dataloader(self) -> DeviceBatches:
-        return self._loader("train", train=True)
+        self._train = self._loader("train", train=True)
+        if self._train_state:
+            self._train.load_state_dict(self._train_state)
+        return self._train
+
+    # The training loader's position also travels in the datamodule's checkpoint state:
+    # Lightning restores it before the loader is built, whereas the fit loop's own
+    # "combined_loader" restore is skipped when the loader was built early (OneCycleLR's
+    # `trainer.estimated_stepping_batches` builds it in configure_optimizers).
+    def state_dict(self) -> dict:
+        return {"train_loader": self._train.state_dict()} if self._train is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._train_state = state.get("train_loader")
+        if self._train is not None and self._train_state:
+            self._train.load_state_dict(self._train_state)
 
     def val_dataloader(self):
         return self._loader("val", train=False) if len(self.splits["val"][1]) else []

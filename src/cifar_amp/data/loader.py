@@ -44,6 +44,8 @@ class DeviceBatches:
         self.rank, self.world_size = rank, world_size
         self.channels_last = channels_last
         self.epoch = 0  # set by Lightning through set_epoch() before every epoch
+        self.position = 0  # batches handed out so far in this epoch
+        self._resume_at: dict | None = None  # from load_state_dict, for the next __iter__
 
     # -- order -----------------------------------------------------------------
     def _shard(self) -> Tensor:
@@ -76,10 +78,31 @@ class DeviceBatches:
         draw = None
         if self.train and self.augment_cfg is not None:
             draw = augment.draw(len(self.labels), self.epoch, self.seed, self.augment_cfg, shard.device)
+        start, self._resume_at = self._start(), None
+        self.position = start
         # Training drops the short last batch (len() counts full batches only), except
         # that a shard smaller than one batch still yields that one batch.
-        for b in range(len(self)):
+        for b in range(start, len(self)):
+            self.position = b + 1
             yield self._batch(shard[b * self.batch_size : (b + 1) * self.batch_size], draw)
+
+    # -- mid-epoch resume ----------------------------------------------------------
+    # Lightning's fit loop saves `state_dict()` under "combined_loader" in every checkpoint
+    # and, when it resumes an unfinished epoch, calls `load_state_dict()` before iterating.
+    # `position` counts batches the training loop has taken: Lightning does not prefetch from
+    # a loader with a length (loops/fetchers.py), so it equals the loop's batch progress at
+    # save time (tests/test_resume.py checks this).
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_at = state
+
+    def _start(self) -> int:
+        r = self._resume_at
+        if not self.train or r is None or r["epoch"] != self.epoch or r["seed"] != self.seed:
+            return 0
+        return r["position"]
 
     # -- epochs ------------------------------------------------------------------
     # Lightning calls `dataloader.sampler.set_epoch(epoch)` at each epoch start (as for a

@@ -1,0 +1,208 @@
+"""Bad input stops before training with a one-line message naming the key or file."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, SHRINK, compose_cfg
+
+from cifar_amp.errors import UserError
+from cifar_amp.module import ImageClassifier
+from cifar_amp.reliability import preflight
+from cifar_amp.train import train
+
+SMALL = {"_target_": "cifar_amp.models.SmallCNN", "width": 8, "hidden": 32}
+
+CONFIG_CASES = [
+    # (overrides, message fragment)
+    (["module.optimizer.lr=-0.1"], "module.optimizer.lr: -0.1; must be > 0"),
+    (["data.batch_size=0"], "data.batch_size: 0; must be >= 1"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val: -1.0; must be >= 0"),
+    (["data.val_split=1.5"], "data.val_split: 1.5 not in [0, 1)"),
+    (["trainer.devices=4096"], "trainer.devices=4096: only"),
+    (
+        ["trainer.strategy=ddp"],
+        "trainer.strategy=ddp with trainer.devices=1 on CPU is a single process",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides, message", CONFIG_CASES)
+def test_bad_config_value(make_cfg, overrides, message):
+    with pytest.raises(UserError, match=None) as e:
+        train(make_cfg(*overrides))
+    assert message in str(e.value)
+
+
+COMPOSE_CASES = [
+    ("trainer.max_epoch=3", "Could not override 'trainer.max_epoch'"),  # typo
+    ("trainer.max_epochs=abc", "Error merging override trainer.max_epochs=abc"),  # wrong type
+    ("model=foo", "Could not find 'model/foo'"),  # unknown option of a group
+    ("precision=fp8", "Could not find 'precision/fp8'"),
+]
+
+
+@pytest.mark.parametrize("override, message", COMPOSE_CASES)
+def test_bad_config_fails_at_composition(override, message):
+    with pytest.raises(Exception) as e:
+        compose_cfg("train", [override])
+    assert message in str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_asked_where_there_is_none(make_cfg):
+    with pytest.raises(UserError, match="trainer.accelerator=gpu: no CUDA GPU is visible here"):
+        train(make_cfg("trainer.accelerator=gpu"))
+
+
+def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):
+    for name, value in {
+        "is_available": True,
+        "device_count": 1,
+        "is_bf16_supported": False,
+        "get_device_name": "Tesla V100",
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, lambda *a, v=value, **k: v)
+    cfg = make_cfg("trainer=gpu", "precision=bf16-mixed")
+    with pytest.raises(
+        UserError,
+        match="precision=bf16-mixed: Tesla V100 has no bfloat16 support; valid here: 16-mixed",
+    ):
+        preflight.check_hardware(cfg.trainer, cfg.precision)
+
+
+def _break_data(folder, how):
+    batches = folder / "cifar-10-batches-py"
+    if how == "missing folder":
+        shutil.rmtree(batches)
+    elif how == "missing file":
+        (batches / "data_batch_3").unlink()
+    elif how == "truncated file":
+        raw = (batches / "data_batch_2").read_bytes()
+        (batches / "data_batch_2").write_bytes(raw[: len(raw) // 2])
+    else:
+        entry = pickle.loads((batches / "data_batch_1").read_bytes())
+        if how == "wrong shape":
+            entry["data"] = entry["data"][:, :100]
+        else:  # labels out of range
+            entry["labels"] = [10] * len(entry["labels"])
+        (batches / "data_batch_1").write_bytes(pickle.dumps(entry))
+
+
+DATA_CASES = [
+    ("missing folder", "no cifar-10-batches-py/ found in data.data_dir="),
+    ("missing file", "missing data file"),
+    ("truncated file", "data_batch_2 is truncated or not a CIFAR python batch file"),
+    ("wrong shape", "data_batch_1: data has shape (40, 100), expected (N, 3072)"),
+    ("labels out of range", "data_batch_1: labels span [10, 10], expected [0, 9]"),
+]
+
+
+@pytest.mark.parametrize("how, message", DATA_CASES)
+def test_bad_data_folder(make_cfg, tiny_data, tmp_path, how, message):
+    folder = shutil.copytree(tiny_data, tmp_path / "data")
+    _break_data(folder, how)
+    with pytest.raises(UserError) as e:
+        train(make_cfg(f"data.data_dir={folder}"))
+    assert message in str(e.value)
+
+
+def _fake_ckpt(path, num_classes=10, net=None, **args):
+    module = ImageClassifier(net=net or {**SMALL, **args}, num_classes=num_classes)
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, path)
+    return path
+
+
+def _truncated(path):
+    raw = _fake_ckpt(path).read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    return path
+
+
+CKPT_CASES = [
+    (lambda p: p / "nope.ckpt", "nope.ckpt: no such file"),
+    (_truncated, "is truncated or not a checkpoint"),
+    (
+        lambda p: _fake_ckpt(p, width=4),
+        "does not fit this model (check model=...): shapes (checkpoint vs model): net.blocks.0.0.weight (4, 3, 3, 3) vs (8, 3, 3, 3)",
+    ),
+    (lambda p: _fake_ckpt(p, num_classes=100), "was trained for 100 classes; data.dataset has 10"),
+    (
+        lambda p: _fake_ckpt(p, net={"_target_": "cifar_amp.models.SpeedNet"}),
+        "missing from the checkpoint: net.blocks.0.0.bias",
+    ),
+]
+
+
+@pytest.mark.parametrize("make, message", CKPT_CASES)
+def test_bad_checkpoint(make_cfg, tmp_path, make, message):
+    path = make(tmp_path / "x.ckpt")
+    with pytest.raises(UserError) as e:
+        train(make_cfg(f"ckpt_path={path}"))
+    assert message in str(e.value)
+
+
+def test_used_run_dir_is_refused_unless_resuming(tmp_path):
+    preflight.check_run_dir(str(tmp_path), None)  # empty: fine
+    (tmp_path / "config.yaml").write_text("{}")
+    with pytest.raises(
+        UserError, match=f"run dir {tmp_path} already holds a run; resume it with ckpt_path="
+    ):
+        preflight.check_run_dir(str(tmp_path), None)
+    preflight.check_run_dir(str(tmp_path), str(tmp_path / "checkpoints" / "last.ckpt"))
+
+
+def _cli(tmp_path, *overrides, env=None):
+    args = [*SHRINK, f"hydra.run.dir={tmp_path / 'run'}", *overrides]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,  # the tests assert the exit code
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.max_epochs=abc"], "trainer.max_epochs"),
+        (
+            ["module.optimizer.lr=-1"],
+            "error: invalid config value for module.optimizer.lr: -1; must be > 0",
+        ),
+        (["ckpt_path=/no/such.ckpt"], "error: ckpt_path=/no/such.ckpt: no such file"),
+        (
+            ["data.data_dir=/no/such/folder"],
+            "error: no cifar-10-batches-py/ found in data.data_dir=/no/such/folder",
+        ),
+    ],
+)
+def test_cli_reports_bad_input_without_traceback(tmp_path, tiny_data, overrides, message):
+    proc = _cli(tmp_path, f"data.data_dir={tiny_data}", *overrides)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert message in proc.stderr
+    if message.startswith("error: "):  # ours: the message is one line
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        assert line.startswith(message)
+
+
+@pytest.mark.slow
+def test_cli_full_traceback_on_request(tmp_path, tiny_data):
+    proc = _cli(
+        tmp_path,
+        f"data.data_dir={tiny_data}",
+        "module.optimizer.lr=-1",
+        env={"HYDRA_FULL_ERROR": "1"},
+    )
+    assert proc.returncode != 0 and "Traceback" in proc.stderr

@@ -1,0 +1,202 @@
+"""Kill a run partway, resume it from last.ckpt, and get exactly the uninterrupted result."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import REPO, SHRINK
+
+from cifar_amp import metrics
+from cifar_amp.module import ImageClassifier
+from cifar_amp.train import train
+
+EXACT = ("trainer.deterministic=true", "callbacks.step_checkpoint.every_n_train_steps=2")
+CSV = ("logger=csv", "trainer.log_every_n_steps=1")
+RECORD = f"+callbacks.record._target_={__name__}.RecordTrainMetrics"
+
+
+class CrashAt(L.Callback):
+    """Dies after optimizer step `step` (before that step's checkpoint, if any, is written)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *_) -> None:
+        if trainer.global_step == self.step:
+            raise RuntimeError("simulated crash")
+
+
+class RecordTrainMetrics(L.Callback):
+    """Writes the training epoch's metrics (not in metrics.json) to <run_dir>/train_metrics.json."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        values = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train")}
+        (Path(trainer.default_root_dir) / "train_metrics.json").write_text(json.dumps(values))
+
+
+def comparable(run_dir) -> dict:
+    out = json.loads((run_dir / "metrics.json").read_text())
+    out.pop(metrics.FIT_SECONDS)
+    out["tested_ckpt"] = os.path.basename(out["tested_ckpt"])
+    return out
+
+
+def assert_same_weights(a, b) -> None:
+    wa = torch.load(a / "checkpoints" / "last.ckpt", weights_only=False)
+    wb = torch.load(b / "checkpoints" / "last.ckpt", weights_only=False)
+    assert wa["global_step"] == wb["global_step"]
+    for k, v in wa["state_dict"].items():
+        assert torch.equal(v, wb["state_dict"][k]), k
+
+
+def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
+    train(make_cfg(*EXACT, RECORD, f"run_dir={tmp_path / 'a'}"))
+    crashed = tmp_path / "b"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(
+            make_cfg(
+                *EXACT,
+                *CSV,
+                f"run_dir={crashed}",
+                f"+callbacks.crash._target_={__name__}.CrashAt",
+                "+callbacks.crash.step=5",
+            )
+        )
+    last = crashed / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=False)
+    # Saved at step 4, mid-epoch; the loader's position is the loop's own batch count.
+    assert ckpt["global_step"] == 4
+    loop = ckpt["loops"]["fit_loop"]
+    assert (
+        ckpt["CIFARDataModule"]["train_loader"]["position"]
+        == loop["epoch_loop.batch_progress"]["current"]["ready"]
+        == 4
+    )
+    train(make_cfg(*EXACT, *CSV, RECORD, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert_same_weights(tmp_path / "a", crashed)
+    assert comparable(tmp_path / "a") == comparable(crashed)
+    # The interrupted epoch's running training metrics were checkpointed too.
+    train_metrics = [(run / "train_metrics.json").read_text() for run in (tmp_path / "a", crashed)]
+    assert train_metrics[0] == train_metrics[1]
+    # The CSV log of the interrupted part is kept beside the resumed one.
+    assert "train/loss" not in (crashed / "metrics.1.csv").read_text()  # no epoch finished
+    assert "lr-SGD" in (crashed / "metrics.1.csv").read_text()
+    assert "train/loss" in (crashed / "metrics.csv").read_text()
+    ImageClassifier.load_from_checkpoint(last)  # the network is rebuilt from the file alone
+
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+
+
+def _cli(tiny_data, run_dir, *extra: str) -> list[str]:
+    args = [
+        *SHRINK,
+        *EXACT,
+        "trainer.max_epochs=3",
+        f"data.data_dir={tiny_data}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
+    return [sys.executable, str(REPO / "train.py"), *args]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_data, tmp_path_factory):
+    """The same CLI run, never interrupted."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    subprocess.run(_cli(tiny_data, run_dir), check=True, env=ENV, capture_output=True)
+    return run_dir
+
+
+def _start_and_signal(tiny_data, run_dir, signum):
+    """Start train.py, send `signum` once training has written a checkpoint; return (proc, stderr)."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen(
+        _cli(tiny_data, run_dir),
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=300)
+    step = torch.load(last, weights_only=False)["global_step"]
+    assert 0 < step < 33, "the signal did not land partway (3 epochs x 11 steps)"
+    return proc, err
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_data, tmp_path, reference_run):
+    proc, _ = _start_and_signal(tiny_data, tmp_path, signal.SIGKILL)  # no chance to clean up
+    assert proc.returncode == -signal.SIGKILL
+    subprocess.run(
+        _cli(tiny_data, tmp_path, f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}"),
+        check=True,
+        env=ENV,
+        capture_output=True,
+    )
+    assert_same_weights(reference_run, tmp_path)
+    assert comparable(reference_run) == comparable(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_says_how_to_resume_and_resumes_exactly(
+    tiny_data, tmp_path, reference_run, signum
+):
+    proc, err = _start_and_signal(tiny_data, tmp_path, signum)
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err
+    line = next(ln for ln in err.splitlines() if "Resume with: " in ln)
+    assert line.startswith(f"{signum.name}: stopped at epoch ")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert f"saved {last}" in line
+    command = shlex.split(line.split("Resume with: ", 1)[1])
+    assert command[0] == "python" and f"ckpt_path={last}" in command
+    subprocess.run(
+        [sys.executable, *command[1:]], check=True, env=ENV, capture_output=True, cwd=REPO
+    )
+    assert_same_weights(reference_run, tmp_path)
+    assert comparable(reference_run) == comparable(tmp_path)
+
+
+class SigtermDuringValidation(L.Callback):
+    """Sends this process SIGTERM in the middle of the first validation."""
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ):
+        if batch_idx == 0 and not trainer.sanity_checking and trainer.current_epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_sigterm_during_validation_stops_after_it_and_resumes_exactly(make_cfg, tmp_path):
+    common = (*EXACT, "trainer.max_epochs=2", "data.eval_batch_size=8")  # 3 validation batches
+    train(make_cfg(*common, f"run_dir={tmp_path / 'a'}"))
+    stopped = tmp_path / "b"
+    sig = f"+callbacks.sig._target_={__name__}.SigtermDuringValidation"
+    with pytest.raises(SystemExit) as e:
+        train(make_cfg(*common, sig, f"run_dir={stopped}"))
+    assert e.value.code == 128 + signal.SIGTERM
+    last = stopped / "checkpoints" / "last.ckpt"
+    val = torch.load(last, weights_only=False)["loops"]["fit_loop"][
+        "epoch_loop.val_loop.batch_progress"
+    ]
+    assert val["current"]["completed"] == 3  # saved after the whole validation, not inside it
+    train(make_cfg(*common, f"run_dir={stopped}", f"ckpt_path={last}"))
+    assert_same_weights(tmp_path / "a", stopped)
+    assert comparable(tmp_path / "a") == comparable(stopped)

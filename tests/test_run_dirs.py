@@ -1,0 +1,82 @@
+"""Runs never share or clobber a run dir."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, SHRINK
+
+QUICK = (*SHRINK, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false")
+
+
+def _start(cwd, *args):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, str(REPO / "train.py"), *QUICK, *args]
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.mark.slow
+def test_runs_started_together_get_their_own_dirs_and_a_used_dir_is_refused(tmp_path, tiny_data):
+    procs = [_start(tmp_path, f"data.data_dir={tiny_data}", f"seed={i}") for i in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    runs = sorted((tmp_path / "logs" / "train" / "runs").iterdir())
+    assert len(runs) == 2
+    for run in runs:
+        assert (run / "metrics.json").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+
+    again = _start(tmp_path, f"data.data_dir={tiny_data}", f"hydra.run.dir={runs[0]}")
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 2
+    assert f"error: run dir {runs[0]} already holds a run; resume it with ckpt_path=" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_multirun_jobs_get_their_own_dirs(tmp_path, tiny_data):
+    proc = _start(tmp_path, f"data.data_dir={tiny_data}", "seed=1,2", "-m")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    for job in ("0", "1"):
+        assert (sweep / job / "metrics.json").is_file()
+
+
+SLURM_ENV = {
+    "SLURM_NTASKS": "1",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_JOB_ID": "77",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
+
+
+def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tmp_path):
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from cifar_amp.errors import UserError
+    from cifar_amp.reliability.preflight import check_run_dir
+    from cifar_amp.train import build_trainer
+
+    for k, v in SLURM_ENV.items():
+        monkeypatch.setenv(k, v)
+    env = build_trainer(
+        make_cfg(), callbacks=[], loggers=[]
+    )._accelerator_connector.cluster_environment
+    assert (
+        isinstance(env, SLURMEnvironment)
+        and env.auto_requeue
+        and env.requeue_signal == signal.SIGUSR1
+    )
+    (tmp_path / "config.yaml").write_text("{}")
+    with pytest.raises(UserError):  # a used dir with nothing to resume from
+        check_run_dir(str(tmp_path), None)
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")  # written by Lightning on the requeue signal
+    check_run_dir(str(tmp_path), None)
