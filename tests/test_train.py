@@ -131,13 +131,14 @@ def test_resume_restores_everything_and_matches_an_uninterrupted_run(make_cfg, t
     interrupted = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/part",
                            "+callbacks.stop._target_=test_train.StopAfterEpoch")
     train(interrupted)
-    assert torch.load(tmp_path / "part/checkpoints/last.ckpt", weights_only=True)["epoch"] == 0
+    stopped = torch.load(tmp_path / "part/checkpoints/last.ckpt", weights_only=True)
+    assert 0 < stopped["global_step"] < torch.load(tmp_path / "full/checkpoints/last.ckpt", weights_only=True)["global_step"]
     resumed = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/part",
                        f"ckpt_path={tmp_path}/part/checkpoints/last.ckpt")
     r = train(resumed)
     a = torch.load(tmp_path / "full/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "part/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
-    assert a["epoch"] == b["epoch"] == 2 and r[metrics.EPOCHS] == 3
+    assert a["global_step"] == b["global_step"] and r[metrics.EPOCHS] == 3
     for k in a["state_dict"]:
         assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
     assert a["MixedPrecision"] == b["MixedPrecision"]  # GradScaler state
