@@ -108,6 +108,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         metrics.EPOCHS: trainer.current_epoch,
         metrics.FIT_SECONDS: round(fit_seconds, 3),
         metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST),
+        **{k: fitted[k] for k in metrics.FIT_SUMMARY if k in fitted},
     }
     if cfg.test:
         ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
