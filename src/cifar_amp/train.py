@@ -47,6 +47,20 @@ def build_datamodule(cfg) -> CIFARDataModule:
     )
 
 
+def build_module(cfg, num_classes: int) -> ImageClassifier:
+    return _instantiate(
+        ImageClassifier,
+        "model",
+        net=cfg.model,
+        num_classes=num_classes,
+        optimizer=_instantiate(cfg.module.optimizer, "module.optimizer"),
+        scheduler=_instantiate(cfg.module.scheduler, "module.scheduler") if cfg.module.scheduler else None,
+        label_smoothing=cfg.module.label_smoothing,
+        channels_last=cfg.module.channels_last,
+        compile=cfg.module.compile,
+    )
+
+
 def build_trainer(cfg, callbacks: list, loggers: list) -> L.Trainer:
     trainer = L.Trainer(
         **cfg.trainer.kwargs(),
@@ -81,17 +95,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     check_ckpt(cfg.ckpt_path)
     dm = build_datamodule(cfg)
-    module = _instantiate(
-        ImageClassifier,
-        "model",
-        net=cfg.model,
-        num_classes=dm.num_classes,
-        optimizer=_instantiate(cfg.module.optimizer, "module.optimizer"),
-        scheduler=_instantiate(cfg.module.scheduler, "module.scheduler") if cfg.module.scheduler else None,
-        label_smoothing=cfg.module.label_smoothing,
-        channels_last=cfg.module.channels_last,
-        compile=cfg.module.compile,
-    )
+    module = build_module(cfg, dm.num_classes)
     loggers = [_instantiate(c, f"logger.{k}") for k, c in cfg.logger.items() if c]
     callbacks = [_instantiate(c, f"callbacks.{k}") for k, c in cfg.callbacks.items() if c]
     if not loggers:  # LearningRateMonitor refuses to run without a logger (logger=none)
