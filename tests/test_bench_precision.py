@@ -1,7 +1,12 @@
 import json
+import os
+import subprocess
+import sys
+
+import pytest
 
 from cifar_amp.bench import precision as bench
-from conftest import SHRINK, compose_cfg
+from conftest import REPO, SHRINK, compose_cfg
 
 TINY = ("model=small_cnn", "model.width=8", "model.hidden=32", "data.batch_size=16", "warmup_steps=2",
         "trainer.limit_train_batches=5", "trainer.limit_val_batches=1",
@@ -28,3 +33,15 @@ def test_bench_writes_table_chart_and_overhead(tiny_data, tmp_path):
     assert (tmp_path / "bench_precision.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "bf16-mixed_ckpt1" / "checkpoints" / "last.ckpt").is_file()
     assert json.loads((tmp_path / "bench_precision.json").read_text()) == rows
+
+
+@pytest.mark.slow
+def test_bench_isolated_cases_via_cli(tiny_data, tmp_path):
+    # The default path: each case in a fresh (spawned) process, started from the CLI.
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "cifar_amp.bench.precision", *SHRINK, *TINY, f"data.data_dir={tiny_data}",
+           f"hydra.run.dir={tmp_path}", "modes=[32-true]", "checkpointing=[0]", "overhead_modes=[]"]
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True)
+    (row,) = json.loads((tmp_path / "bench_precision.json").read_text())
+    assert row["mode"] == "32-true" and row["step_ms"] > 0 and row["peak_memory_mb"] > 0
+    assert (tmp_path / "bench_precision.png").is_file()
