@@ -9,6 +9,18 @@ VAL_ACC_BEST = "val/acc_best"
 TEST_LOSS = "test/loss"
 TEST_ACC = "test/acc"
 
+# Precision diagnostics (callbacks/precision_diagnostics.py), logged once per epoch.
+SCALE = "precision/scale"  # GradScaler scale at epoch end (16-mixed only)
+SKIPPED_STEPS = "precision/skipped_steps"  # optimizer steps skipped for inf/nan grads, since fit start
+GRAD_NORM = "precision/grad_norm"  # mean L2 norm of the unscaled gradients before clipping
+GRAD_NORM_MAX = "precision/grad_norm_max"
+CLIP_FRACTION = "precision/clip_fraction"  # fraction of optimizer steps whose gradients clipping changed
+PEAK_MEMORY_MB = "perf/peak_memory_mb"  # GPU: max allocated in the epoch; CPU: process peak RSS
+IMAGES_PER_SEC = "perf/images_per_sec"  # training images per second of the epoch's training loop
+
+# Of the metrics logged during fit, these (last epoch's values) also go into metrics.json.
+FIT_SUMMARY = (SCALE, SKIPPED_STEPS, GRAD_NORM, CLIP_FRACTION, PEAK_MEMORY_MB, IMAGES_PER_SEC)
+
 # Keys of metrics.json besides the logged metrics above.
 EPOCHS = "epochs"
 FIT_SECONDS = "fit_seconds"

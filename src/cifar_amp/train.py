@@ -50,6 +50,20 @@ def build_datamodule(cfg) -> CIFARDataModule:
     )
 
 
+def build_module(cfg, num_classes: int) -> ImageClassifier:
+    return _instantiate(
+        ImageClassifier,
+        "model",
+        net=cfg.model,
+        num_classes=num_classes,
+        optimizer=_instantiate(cfg.module.optimizer, "module.optimizer"),
+        scheduler=_instantiate(cfg.module.scheduler, "module.scheduler") if cfg.module.scheduler else None,
+        label_smoothing=cfg.module.label_smoothing,
+        channels_last=cfg.module.channels_last,
+        compile=cfg.module.compile,
+    )
+
+
 def build_trainer(cfg, callbacks: list, loggers: list) -> L.Trainer:
     kwargs = precision.trainer_kwargs(cfg.precision, cfg.trainer)
     kwargs["plugins"] = [*kwargs.get("plugins", []), AtomicCheckpointIO()]
@@ -86,17 +100,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     preflight.check_hardware(cfg.trainer, cfg.precision)
     dm = build_datamodule(cfg)
-    module = _instantiate(
-        ImageClassifier,
-        "model",
-        net=cfg.model,
-        num_classes=dm.num_classes,
-        optimizer=_instantiate(cfg.module.optimizer, "module.optimizer"),
-        scheduler=_instantiate(cfg.module.scheduler, "module.scheduler") if cfg.module.scheduler else None,
-        label_smoothing=cfg.module.label_smoothing,
-        channels_last=cfg.module.channels_last,
-        compile=cfg.module.compile,
-    )
+    module = build_module(cfg, dm.num_classes)
     if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
         preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
     if cfg.ckpt_path:
@@ -120,6 +124,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         metrics.EPOCHS: trainer.current_epoch,
         metrics.FIT_SECONDS: round(fit_seconds, 3),
         metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST),
+        **{k: fitted[k] for k in metrics.FIT_SUMMARY if k in fitted},
     }
     if cfg.test:
         ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""

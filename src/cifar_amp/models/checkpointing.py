@@ -14,19 +14,26 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 
+_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
 @contextlib.contextmanager
-def _no_running_stats(block: nn.Module):
-    # The recompute in backward runs each BatchNorm forward a second time; without this its
-    # running statistics would be updated twice per step. Batch statistics (what the
-    # gradients depend on) are unaffected.
+def _running_stats_to_scratch(block: nn.Module):
+    # The recompute in backward runs each BatchNorm forward a second time; its running-stat
+    # update must not land (else they move twice per step). Turning tracking off for the
+    # recompute is not an option: BatchNorm would then save fewer tensors than in the first
+    # forward and torch.utils.checkpoint raises. So the update goes to throwaway copies.
     bns = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    for m in bns:
-        m.track_running_stats = False
+    kept = [(m, {k: getattr(m, k) for k in _STATS}) for m in bns]
+    for m, bufs in kept:
+        for k, t in bufs.items():
+            setattr(m, k, t.clone())
     try:
         yield
     finally:
-        for m in bns:
-            m.track_running_stats = True
+        for m, bufs in kept:
+            for k, t in bufs.items():
+                setattr(m, k, t)
 
 
 def run_blocks(blocks: Iterable[nn.Module], x: Tensor, every: int) -> Tensor:
@@ -38,7 +45,7 @@ def run_blocks(blocks: Iterable[nn.Module], x: Tensor, every: int) -> Tensor:
                 block,
                 x,
                 use_reentrant=False,
-                context_fn=lambda b=block: (contextlib.nullcontext(), _no_running_stats(b)),
+                context_fn=lambda b=block: (contextlib.nullcontext(), _running_stats_to_scratch(b)),
             )
         else:
             x = block(x)

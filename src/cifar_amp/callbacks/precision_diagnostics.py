@@ -1,0 +1,176 @@
+"""What mixed precision is doing to a run: GradScaler scale and skipped steps, gradient
+norms and clipping, peak memory and throughput; plus, at fit start, the precision set-up.
+
+Per-step values accumulate in tensors on the training device and are read once per epoch,
+so the hot path never waits for the device (no `.item()`, no `GradScaler.get_scale()`).
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections import Counter, defaultdict
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from cifar_amp import metrics as M
+from cifar_amp.precision import describe
+
+
+def _scaler(trainer: Trainer):
+    plugin = trainer.precision_plugin
+    scaler = plugin.scaler if isinstance(plugin, MixedPrecision) else None
+    return scaler if scaler is not None and scaler.is_enabled() else None
+
+
+def _peak_rss_mb() -> float:
+    # ru_maxrss is KiB on Linux, bytes on macOS; it is the process peak (never reset).
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+
+
+class PrecisionDiagnostics(Callback):
+    """Logs metrics.SCALE, SKIPPED_STEPS, GRAD_NORM(_MAX), CLIP_FRACTION, PEAK_MEMORY_MB and
+    IMAGES_PER_SEC once per training epoch.
+
+    Throughput is measured here rather than with Lightning's ThroughputMonitor because that
+    calls `torch.cuda.synchronize()` after every batch; this syncs only when validation
+    starts/ends and at epoch end. It counts the training loop only (validation excluded).
+    """
+
+    def __init__(self, probe_images: int = 8) -> None:
+        self.probe_images = probe_images  # images in the fit-start autocast probe; 0 = no probe
+        self._skipped: Tensor | None = None  # since fit start
+        self._scale_before: Tensor | None = None
+        self._t0: float | None = None  # running clock of the training loop, None when paused
+
+    # -- fit start: one line per fact ----------------------------------------------
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._skipped = torch.zeros((), device=pl_module.device)
+        rank_zero_info(f"Precision plugin: {describe(trainer)}")
+        tensors, values = Counter(), Counter()
+        for p in pl_module.parameters():
+            dtype = str(p.dtype).removeprefix("torch.")
+            tensors[dtype] += 1
+            values[dtype] += p.numel()
+        rank_zero_info(
+            "Parameter dtypes: "
+            + ", ".join(f"{d}: {n} tensors ({values[d] / 1e6:.2f}M values)" for d, n in sorted(tensors.items()))
+        )
+        clip = trainer.gradient_clip_val
+        rank_zero_info(
+            f"Gradient clipping: by {trainer.gradient_clip_algorithm} at {clip}" if clip else "Gradient clipping: off"
+        )
+        if self.probe_images > 0:
+            rank_zero_info(f"Autocast output dtypes (probe of {self.probe_images} images): {self._probe(trainer, pl_module)}")
+
+    def _probe(self, trainer: Trainer, pl_module: LightningModule) -> str:
+        seen: dict[str, set[str]] = defaultdict(set)
+
+        def hook(module, _inputs, output):
+            if isinstance(output, Tensor):
+                seen[type(module).__name__].add(str(output.dtype).removeprefix("torch."))
+
+        leaves = [m for m in pl_module.modules() if not next(m.children(), None)]
+        handles = [m.register_forward_hook(hook) for m in leaves]
+        x = trainer.precision_plugin.convert_input(next(iter(trainer.train_dataloader))[0][: self.probe_images])
+        # Eval mode + no_grad: the probe must not move BatchNorm statistics or build a graph;
+        # neither changes which dtype autocast picks for an op.
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            with torch.no_grad(), trainer.precision_plugin.forward_context():
+                pl_module(x)
+        finally:
+            pl_module.train(was_training)
+            for h in handles:
+                h.remove()
+        return "; ".join(f"{name} -> {'/'.join(sorted(d))}" for name, d in sorted(seen.items()))
+
+    # -- per step: device tensors only ----------------------------------------------
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        zero = torch.zeros((), device=pl_module.device)
+        self._norm_sum, self._norm_max, self._finite, self._clipped = zero.clone(), zero.clone(), zero.clone(), zero.clone()
+        self._steps = self._images = 0  # host counters: known without asking the device
+        self._train_seconds = 0.0
+        self._cuda = pl_module.device.type == "cuda"
+        if self._cuda:
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+        self._start_clock(pl_module)
+
+    def _start_clock(self, pl_module: LightningModule) -> None:
+        if self._cuda:
+            torch.cuda.synchronize(pl_module.device)
+        self._t0 = time.perf_counter()
+
+    def _stop_clock(self, pl_module: LightningModule) -> None:
+        if self._t0 is None:
+            return
+        if self._cuda:
+            torch.cuda.synchronize(pl_module.device)
+        self._train_seconds += time.perf_counter() - self._t0
+        self._t0 = None
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+        # Lightning has unscaled the gradients (16-mixed) and clips right after this hook.
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not grads:
+            return
+        self._steps += 1
+        norm = torch.nn.utils.get_total_norm(grads, 2.0).float()
+        finite = torch.isfinite(norm)
+        safe = torch.where(finite, norm, 0.0)
+        self._norm_sum += safe
+        torch.maximum(self._norm_max, safe, out=self._norm_max)
+        self._finite += finite
+        clip = trainer.gradient_clip_val
+        if clip:
+            if trainer.gradient_clip_algorithm == "value":
+                changed = torch.nn.utils.get_total_norm(grads, float("inf")).float() > clip
+            else:  # torch.nn.utils.clip_grad_norm_ rescales iff clip / (norm + 1e-6) < 1
+                changed = norm + 1e-6 > clip
+            self._clipped += changed & finite
+        scaler = _scaler(trainer)
+        if scaler is not None and scaler._scale is not None:
+            # torch has no public accessor for the scale tensor; get_scale() would sync.
+            self._scale_before = scaler._scale.clone()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        self._images += len(batch[0])
+        if self._scale_before is not None:
+            # GradScaler.update() lowers the scale exactly when the step was skipped for inf/nan.
+            self._skipped += trainer.precision_plugin.scaler._scale < self._scale_before
+            self._scale_before = None
+
+    # -- validation inside fit is not training time ------------------------------------
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._stop_clock(pl_module)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._start_clock(pl_module)
+
+    # -- once per epoch: read everything -------------------------------------------------
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_clock(pl_module)
+        log = lambda name, value: pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)  # noqa: E731
+        if self._steps:
+            nan = torch.full_like(self._norm_sum, float("nan"))
+            log(M.GRAD_NORM, torch.where(self._finite > 0, self._norm_sum / self._finite.clamp_min(1), nan))
+            log(M.GRAD_NORM_MAX, self._norm_max)
+            if trainer.gradient_clip_val:
+                log(M.CLIP_FRACTION, self._clipped / self._steps)
+        scaler = _scaler(trainer)
+        if scaler is not None and scaler._scale is not None:
+            log(M.SCALE, scaler._scale.float().reshape(()))
+            log(M.SKIPPED_STEPS, self._skipped)
+        peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**20 if self._cuda else _peak_rss_mb()
+        log(M.PEAK_MEMORY_MB, float(peak))
+        if self._train_seconds > 0:
+            log(M.IMAGES_PER_SEC, self._images / self._train_seconds)
