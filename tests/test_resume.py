@@ -47,6 +47,8 @@ class RecordTrainMetrics(L.Callback):
 def comparable(run_dir) -> dict:
     out = json.loads((run_dir / "metrics.json").read_text())
     out.pop(metrics.FIT_SECONDS)
+    for key in metrics.FIT_SUMMARY:  # diagnostics of the process (speed, memory, last-epoch means)
+        out.pop(key, None)
     out["tested_ckpt"] = os.path.basename(out["tested_ckpt"])
     return out
 

@@ -154,7 +154,9 @@ def test_same_seed_repeats_exactly_and_another_seed_does_not(make_cfg, tmp_path)
             for i, s in enumerate((5, 5, 6))]
     w = [weights(tmp_path / f"{i}/checkpoints/last.ckpt") for i in range(3)]
     assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
-    assert runs[0] == {**runs[1], metrics.FIT_SECONDS: runs[0][metrics.FIT_SECONDS], "tested_ckpt": runs[0]["tested_ckpt"]}
+    timing = (metrics.FIT_SECONDS, "tested_ckpt", metrics.IMAGES_PER_SEC, metrics.PEAK_MEMORY_MB)  # vary run to run
+    same = lambda r: {k: v for k, v in r.items() if k not in timing}  # noqa: E731
+    assert same(runs[0]) == same(runs[1])
     assert not all(torch.equal(w[0][k], w[2][k]) for k in w[0])
 
 

@@ -48,10 +48,12 @@ class PrecisionDiagnostics(Callback):
         self._skipped: Tensor | None = None  # since fit start
         self._scale_before: Tensor | None = None
         self._t0: float | None = None  # running clock of the training loop, None when paused
+        self._probe_pending = False
 
     # -- fit start: one line per fact ----------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._skipped = torch.zeros((), device=pl_module.device)
+        self._reset_epoch(pl_module)  # a resume mid-epoch gets no on_train_epoch_start
         rank_zero_info(f"Precision plugin: {describe(trainer)}")
         tensors, values = Counter(), Counter()
         for p in pl_module.parameters():
@@ -66,10 +68,17 @@ class PrecisionDiagnostics(Callback):
         rank_zero_info(
             f"Gradient clipping: by {trainer.gradient_clip_algorithm} at {clip}" if clip else "Gradient clipping: off"
         )
-        if self.probe_images > 0:
-            rank_zero_info(f"Autocast output dtypes (probe of {self.probe_images} images): {self._probe(trainer, pl_module)}")
+        self._probe_pending = self.probe_images > 0
 
-    def _probe(self, trainer: Trainer, pl_module: LightningModule) -> str:
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        # Probe on the first real batch: iterating the training loader ourselves would move
+        # its position (part of the checkpoint) and break an exact resume.
+        if self._probe_pending:
+            self._probe_pending = False
+            dtypes = self._probe(trainer, pl_module, batch[0][: self.probe_images])
+            rank_zero_info(f"Autocast output dtypes (probe of {self.probe_images} images): {dtypes}")
+
+    def _probe(self, trainer: Trainer, pl_module: LightningModule, x: Tensor) -> str:
         seen: dict[str, set[str]] = defaultdict(set)
 
         def hook(module, _inputs, output):
@@ -78,7 +87,7 @@ class PrecisionDiagnostics(Callback):
 
         leaves = [m for m in pl_module.modules() if not next(m.children(), None)]
         handles = [m.register_forward_hook(hook) for m in leaves]
-        x = trainer.precision_plugin.convert_input(next(iter(trainer.train_dataloader))[0][: self.probe_images])
+        x = trainer.precision_plugin.convert_input(x)
         # Eval mode + no_grad: the probe must not move BatchNorm statistics or build a graph;
         # neither changes which dtype autocast picks for an op.
         was_training = pl_module.training
@@ -94,6 +103,9 @@ class PrecisionDiagnostics(Callback):
 
     # -- per step: device tensors only ----------------------------------------------
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._reset_epoch(pl_module)
+
+    def _reset_epoch(self, pl_module: LightningModule) -> None:
         zero = torch.zeros((), device=pl_module.device)
         self._norm_sum, self._norm_max, self._finite, self._clipped = zero.clone(), zero.clone(), zero.clone(), zero.clone()
         self._steps = self._images = 0  # host counters: known without asking the device
