@@ -91,6 +91,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         label_smoothing=cfg.module.label_smoothing,
         channels_last=cfg.module.channels_last,
         compile=cfg.module.compile,
+        tta=cfg.module.tta,
+        tta_shift=cfg.module.tta_shift,
+        tta_val=cfg.module.tta_val,
     )
     loggers = [_instantiate(c, f"logger.{k}") for k, c in cfg.logger.items() if c]
     callbacks = [_instantiate(c, f"callbacks.{k}") for k, c in cfg.callbacks.items() if c]
