@@ -194,6 +194,7 @@ def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
     assert torch.equal(stem[12:], -stem[:12])
 
 
+@pytest.mark.slow  # four Lightning/plain fits in a row
 def test_framework_benchmark_runs_tiny():
     report = framework.main(["--n-images", "128", "--batch-size", "16", "--widths", "8,8,8", "--epochs", "1", "--repeats", "1"])
     assert report["images_per_epoch"] == 128 and report["ratio_lightning_over_plain"] > 0
