@@ -25,6 +25,7 @@ from cifar_amp.errors import UserError
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 DATASETS = ("cifar10", "cifar100")
 RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
+TTA_MODES = ("none", "flip", "flip_shift")  # see tta.py
 
 
 def _check(ok: bool, key: str, msg: str) -> None:
@@ -125,9 +126,16 @@ class ModuleConfig:
     label_smoothing: float = 0.0
     channels_last: bool = False  # NHWC weights and inputs; faster convs under AMP on GPU
     compile: bool = False  # torch.compile the network
+    # Test-time augmentation in test (and in validation if `tta_val`): none | flip |
+    # flip_shift (flips plus +-`tta_shift`-pixel shifts); views and weights in tta.py.
+    tta: str = "none"
+    tta_shift: int = 1
+    tta_val: bool = False
 
     def validate(self, key: str = "module") -> None:
         _check(0.0 <= self.label_smoothing < 1.0, f"{key}.label_smoothing", "must be in [0, 1)")
+        _check(self.tta in TTA_MODES, f"{key}.tta", f"{self.tta!r}; valid: {TTA_MODES}")
+        _check(1 <= self.tta_shift <= 8, f"{key}.tta_shift", f"{self.tta_shift} not in [1, 8]")
         lr = self.optimizer.get("lr") if isinstance(self.optimizer, dict) else None
         if isinstance(lr, (int, float)):
             _check(lr > 0 and math.isfinite(lr), f"{key}.optimizer.lr", f"{lr}; must be > 0")

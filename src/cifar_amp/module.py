@@ -13,6 +13,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from cifar_amp import metrics as M
+from cifar_amp import tta as TTA
 
 NAMES = {"train": (M.TRAIN_LOSS, M.TRAIN_ACC), "val": (M.VAL_LOSS, M.VAL_ACC), "test": (M.TEST_LOSS, M.TEST_ACC)}
 
@@ -33,6 +34,9 @@ class ImageClassifier(LightningModule):
         label_smoothing: float = 0.0,
         channels_last: bool = False,
         compile: bool = False,
+        tta: str = "none",
+        tta_shift: int = 1,
+        tta_val: bool = False,
     ) -> None:
         super().__init__()
         # The network's config (not the optimizer partials) goes into every checkpoint, so
@@ -42,11 +46,14 @@ class ImageClassifier(LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.label_smoothing = label_smoothing
         self.compile = compile
+        self.tta, self.tta_shift, self.tta_val = tta, tta_shift, tta_val
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
+        # validate_args and the NaN check would read tensors on the host at every step
+        # (a device sync per step); labels come from our loader and the loss is finite.
         for stage in NAMES:
-            setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro"))
-            setattr(self, f"{stage}_loss", MeanMetric())
+            setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
+            setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # survives a resume
         # So are the training epoch's running loss/accuracy, for a resume mid-epoch.
@@ -63,7 +70,10 @@ class ImageClassifier(LightningModule):
 
     def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         x, y = batch
-        logits = self(x)
+        if stage == "test" or (stage == "val" and self.tta_val):
+            logits = TTA.predict(self, x, self.tta, self.tta_shift)
+        else:
+            logits = self(x)
         smoothing = self.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
         loss_metric, acc_metric = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")

@@ -61,6 +61,9 @@ def build_module(cfg, num_classes: int) -> ImageClassifier:
         label_smoothing=cfg.module.label_smoothing,
         channels_last=cfg.module.channels_last,
         compile=cfg.module.compile,
+        tta=cfg.module.tta,
+        tta_shift=cfg.module.tta_shift,
+        tta_val=cfg.module.tta_val,
     )
 
 

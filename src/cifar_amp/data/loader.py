@@ -43,6 +43,8 @@ class DeviceBatches:
         self.train, self.augment_cfg, self.seed = train, augment_cfg, seed
         self.rank, self.world_size = rank, world_size
         self.channels_last = channels_last
+        # Training batches are gathered whole-pixel from a (N, H, W, C) copy (uint8, small).
+        self.images_hwc = images.permute(0, 2, 3, 1).contiguous() if train and augment_cfg else None
         self.epoch = 0  # set by Lightning through set_epoch() before every epoch
         self.position = 0  # batches handed out so far in this epoch
         self._resume_at: dict | None = None  # from load_state_dict, for the next __iter__
@@ -66,9 +68,13 @@ class DeviceBatches:
 
     # -- batches ---------------------------------------------------------------
     def _batch(self, idx: Tensor, draw: augment.Draw | None) -> tuple[Tensor, Tensor]:
-        x = (self.images[idx].float() - self.mean) / self.std
-        if draw is not None:
-            x = augment.apply(x, draw.take(idx), self.augment_cfg)
+        if draw is None:
+            x = self.images[idx].float().sub_(self.mean).div_(self.std)
+        else:
+            d = draw.take(idx)
+            x8 = augment.flip_translate(self.images_hwc, idx, d).permute(0, 3, 1, 2).contiguous()
+            x = x8.float().sub_(self.mean).div_(self.std)
+            x = augment.cutout(x, d.cutout, self.augment_cfg.cutout)  # fills the mean: after normalising
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, self.labels[idx]

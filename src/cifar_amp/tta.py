@@ -1,0 +1,38 @@
+"""Test-time augmentation: average the logits of a few views of each test batch.
+
+Views and weights follow the public speed-run scripts (their TTA level 1 and 2):
+- ``flip``: the image and its mirror, 1/2 each.
+- ``flip_shift``: those two (1/2 in all) plus, with weight 1/4 each, the pair (image, mirror)
+  shifted by (-shift, -shift) and the pair shifted by (+shift, +shift), reflect-padded.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from cifar_amp.data.augment import translate
+
+
+def _flip_mean(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    # One forward over both views: one larger batch is cheaper than two small ones.
+    return net(torch.cat([x, x.flip(-1)])).view(2, len(x), -1).mean(0)
+
+
+def views(x: Tensor, shift: int) -> list[Tensor]:
+    """The two shifted copies of `x` that `flip_shift` uses (before mirroring)."""
+    s = torch.full((len(x), 2), shift, device=x.device)
+    return [translate(x, -s, shift), translate(x, s, shift)]
+
+
+def predict(net: Callable[[Tensor], Tensor], x: Tensor, mode: str = "none", shift: int = 1) -> Tensor:
+    """Logits of `net` on `x` (N, C, H, W) averaged over the views of `mode` (see above)."""
+    if mode == "none":
+        return net(x)
+    logits = _flip_mean(net, x)
+    if mode == "flip":
+        return logits
+    shifted = torch.stack([_flip_mean(net, v) for v in views(x, shift)]).mean(0)
+    return 0.5 * logits + 0.5 * shifted

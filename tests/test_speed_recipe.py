@@ -1,0 +1,205 @@
+"""The speed recipe's pieces: whitening, alternating flips, TTA, weight averaging, the
+reference loop, and smoke runs of the experiment and the benchmark commands."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from torch import nn
+from torch.utils.data import DataLoader
+
+from cifar_amp import config, metrics, tta
+from cifar_amp.bench import framework, loader as loader_bench, reference_loop
+from cifar_amp.callbacks import PatchWhitening
+from cifar_amp.callbacks.whitening import patches
+from cifar_amp.config import AugmentConfig
+from cifar_amp.data import augment
+from cifar_amp.data.loader import DeviceBatches
+from cifar_amp.errors import UserError
+from cifar_amp.module import ImageClassifier
+from cifar_amp.train import train
+from conftest import compose_cfg
+
+
+def correlated_images(n: int = 64, seed: int = 0) -> torch.Tensor:
+    """Images whose neighbouring pixels and channels are strongly correlated, like photos."""
+    g = torch.Generator().manual_seed(seed)
+    smooth = F.interpolate(torch.randn(n, 1, 8, 8, generator=g), size=16, mode="bilinear")
+    return smooth * torch.tensor([1.0, 0.8, 0.5]).view(1, 3, 1, 1) + 0.1 * torch.randn(n, 3, 16, 16, generator=g)
+
+
+def test_whitening_layer_whitens_the_patches_it_was_fit_to():
+    x = correlated_images()
+    before = patches(x, 2, 2)
+    assert torch.corrcoef(before.T).abs().min() > 0.3  # the test data really is correlated
+    conv = nn.Conv2d(3, 24, kernel_size=2)
+    PatchWhitening(eps=1e-8).initialise(conv, x)
+    with torch.no_grad():
+        out = conv(x)  # pre-activation, (N, 24, 15, 15)
+    first = out[:, :12].permute(0, 2, 3, 1).reshape(-1, 12).double()
+    torch.testing.assert_close(first.mean(0), torch.zeros(12, dtype=torch.double), atol=1e-4, rtol=0)
+    cov = first.T @ first / len(first)
+    torch.testing.assert_close(cov, torch.eye(12, dtype=torch.double), atol=2e-3, rtol=0)
+    torch.testing.assert_close(out[:, 12:], -out[:, :12])  # the +/- pairs
+
+
+def test_whitening_rejects_a_layer_it_cannot_whiten():
+    module = ImageClassifier({"_target_": "cifar_amp.models.SpeedNet", "stem_width": 8, "widths": [8]}, 10)
+    with pytest.raises(UserError, match="between 12 and 24"):
+        PatchWhitening().conv(module)
+
+
+def flipped_per_epoch(epochs: int, n: int = 40) -> torch.Tensor:
+    """(epochs, n) bool: whether image i came out of DeviceBatches mirrored in each epoch."""
+    images = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8)
+    mean, std = torch.zeros(3), torch.ones(3) / 255  # identity normalisation
+    cfg = AugmentConfig(flip=True, alternate_flip=True, translate=0)
+    batches = DeviceBatches(images, torch.arange(n), 8, mean, std, train=True, augment_cfg=cfg, seed=3)
+    out = torch.zeros(epochs, n, dtype=torch.bool)
+    for e in range(epochs):
+        batches.set_epoch(e)
+        for x, ids in batches:
+            for img, i in zip(x, ids):
+                plain, mirror = images[i].float(), images[i].float().flip(-1)
+                assert torch.equal(img, plain) or torch.equal(img, mirror)
+                out[e, i] = torch.equal(img, mirror) and not torch.equal(plain, mirror)
+    return out
+
+
+def test_alternating_flips_alternate_per_image_across_epochs():
+    f = flipped_per_epoch(4)
+    assert torch.equal(f[1], ~f[0]) and torch.equal(f[2], f[0]) and torch.equal(f[3], ~f[0])
+    assert 0 < f[0].sum() < f.shape[1]  # a random half, not all or none
+
+
+@pytest.mark.parametrize("translate", [0, 2, 4])
+def test_fused_flip_translate_matches_flip_then_translate(translate):
+    images = torch.randint(0, 256, (30, 3, 32, 32), dtype=torch.uint8)
+    d = augment.draw(30, 5, 1, AugmentConfig(translate=translate), torch.device("cpu"))
+    idx = torch.randperm(30)[:12]
+    dd = d.take(idx)
+    x = images[idx]
+    expected = augment.translate(torch.where(dd.flip[:, None, None, None], x.flip(-1), x), dd.shift, translate)
+    got = augment.flip_translate(images.permute(0, 2, 3, 1).contiguous(), idx, dd).permute(0, 3, 1, 2)
+    assert torch.equal(got, expected)
+
+
+def test_tta_averages_the_views_it_claims():
+    torch.manual_seed(0)
+    lin = nn.Linear(3 * 8 * 8, 5)
+    net = lambda v: lin(v.flatten(1))  # noqa: E731  (not flip- or shift-invariant)
+    x = torch.randn(4, 3, 8, 8)
+    xp = F.pad(x, (1, 1, 1, 1), mode="reflect")
+    a, b = xp[:, :, 0:8, 0:8], xp[:, :, 2:10, 2:10]  # shifted by (-1, -1) and (+1, +1)
+    f = lambda v: net(v) + net(v.flip(-1))  # noqa: E731
+    torch.testing.assert_close(tta.predict(net, x, "none"), net(x))
+    torch.testing.assert_close(tta.predict(net, x, "flip"), f(x) / 2)
+    torch.testing.assert_close(tta.predict(net, x, "flip_shift", 1), f(x) / 4 + (f(a) + f(b)) / 8)
+
+
+def test_module_tests_with_tta_and_validates_without_unless_asked():
+    torch.manual_seed(0)
+    kw = dict(net={"_target_": "cifar_amp.models.SmallCNN", "width": 4, "hidden": 8}, num_classes=10, tta="flip")
+    module = ImageClassifier(**kw).eval()
+    x, y = torch.randn(6, 3, 32, 32), torch.randint(0, 10, (6,))
+    seen = []
+    module.forward = lambda v: seen.append(len(v)) or module.net(v)
+    with torch.no_grad():
+        module._step((x, y), "val")
+        module._step((x, y), "test")
+    assert seen == [6, 12]  # val: one view; test: image + mirror in one batch
+
+
+def test_ema_callback_of_the_recipe_matches_a_hand_computation(tmp_path):
+    cfg = compose_cfg("train", ["experiment=speedrun"])
+    start = 2  # the recipe's decay and update rule, starting early enough for a toy run
+    ema = instantiate(cfg.callbacks.ema, update_starting_at_step=start)
+    decay = cfg.callbacks.ema.decay
+
+    class Toy(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 1)
+            self.trace = []
+
+        def training_step(self, batch, i):
+            return (self.lin(batch[0]) - batch[1]).pow(2).mean()
+
+        def on_train_batch_end(self, *args):
+            self.trace.append([p.detach().clone() for p in self.parameters()])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(8)]
+    toy = Toy()
+    L.Trainer(max_epochs=1, callbacks=[ema], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, accelerator="cpu").fit(toy, DataLoader(data, batch_size=None))
+    expected = None
+    for step, weights in enumerate(toy.trace):
+        if step < start:
+            continue
+        expected = weights if expected is None else [decay * e + (1 - decay) * w for e, w in zip(expected, weights)]
+    for got, want in zip(toy.parameters(), expected):  # the average is copied in at train end
+        torch.testing.assert_close(got.detach(), want)
+    assert not torch.equal(toy.trace[-1][0], expected[0])  # and it is not just the last weights
+
+
+def test_reference_loop_reaches_the_same_weights_as_lightning():
+    n, bs = 48, 16
+    images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (n,))
+    mean, std = torch.tensor([0.5] * 3), torch.tensor([0.25] * 3)
+    batches = DeviceBatches(images, labels, bs, mean, std, train=True, augment_cfg=AugmentConfig(alternate_flip=True, translate=2))
+    defaults = config.ModuleConfig()
+    torch.manual_seed(0)
+    module = ImageClassifier(
+        {"_target_": "cifar_amp.models.SpeedNet", "widths": [8, 8, 16]}, 10,
+        optimizer=instantiate(defaults.optimizer), scheduler=instantiate(defaults.scheduler, max_lr=0.2),
+        label_smoothing=0.2,
+    )
+    net = copy.deepcopy(module.net)
+    try:
+        L.Trainer(max_epochs=2, accelerator="cpu", deterministic=True, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False).fit(module, train_dataloaders=batches)
+    finally:
+        torch.use_deterministic_algorithms(False)  # Lightning sets it process-wide
+    opt = module.optimizer_factory(params=net.parameters())
+    sched = module.scheduler_factory(optimizer=opt, total_steps=2 * len(batches))
+    reference_loop.fit(net, batches, opt, sched, epochs=2, label_smoothing=0.2)
+    for (name, a), b in zip(module.net.state_dict().items(), net.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
+    cfg = config.to_object(compose_cfg("train", [
+        "experiment=speedrun", f"data.data_dir={tiny_data}", "data.download=false", f"run_dir={tmp_path}",
+        "logger=none", "trainer=cpu", "trainer.max_epochs=1", "trainer.enable_model_summary=false",
+        "model.widths=[8,8,8]", "data.batch_size=32", "data.eval_batch_size=64",
+    ]))
+    result = train(cfg)
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved == result and 0.0 <= result[metrics.TEST_ACC] <= 1.0
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["hyper_parameters"]["tta"] == "flip_shift"
+    stem = ckpt["state_dict"]["net.stem.weight"]
+    # Whitened at fit start ([W, -W] pairs) and frozen: training kept the pairs exact.
+    assert torch.equal(stem[12:], -stem[:12])
+
+
+@pytest.mark.slow  # four Lightning/plain fits in a row
+def test_framework_benchmark_runs_tiny():
+    report = framework.main(["--n-images", "128", "--batch-size", "16", "--widths", "8,8,8", "--epochs", "1", "--repeats", "1"])
+    assert report["images_per_epoch"] == 128 and report["ratio_lightning_over_plain"] > 0
+
+
+def test_loader_benchmark_runs_tiny(tiny_data):
+    report = loader_bench.main(["--data-dir", str(tiny_data), "--batch-size", "40", "--epochs", "1", "--workers", "0"])
+    assert report["train_images"] == 200 and report["speedup"] > 0
