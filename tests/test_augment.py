@@ -11,9 +11,15 @@ def images(n=4, size=8):
     return torch.arange(n * 3 * size * size, dtype=torch.float32).view(n, 3, size, size)
 
 
+def hwc_draw(n, flip, shift):
+    return augment.Draw(torch.tensor(flip), torch.tensor(shift), torch.zeros(n, 2, dtype=torch.long))
+
+
 def test_flip_mirrors_exactly_the_chosen_images():
-    x = images()
-    out = augment.hflip(x, torch.tensor([True, False, True, False]))
+    x = images().to(torch.uint8)
+    hwc = x.permute(0, 2, 3, 1).contiguous()
+    d = hwc_draw(4, [True, False, True, False], [[0, 0]] * 4)
+    out = augment.flip_translate(hwc, torch.arange(4), d).permute(0, 3, 1, 2)
     assert torch.equal(out[0], x[0].flip(-1)) and torch.equal(out[2], x[2].flip(-1))
     assert torch.equal(out[1], x[1]) and torch.equal(out[3], x[3])
 
@@ -50,17 +56,17 @@ def test_draws_differ_per_image_and_repeat_per_seed_and_epoch():
     assert a.shift.min() == -4 and a.shift.max() == 4 and len(set(map(tuple, a.shift.tolist()))) == 81
 
 
-def test_alternate_flip_flips_each_image_in_every_other_epoch():
-    cfg = AugmentConfig(flip=True, alternate_flip=True, translate=0)
-    flips = [augment.draw(500, e, seed=7, cfg=cfg, device=torch.device("cpu")).flip for e in range(4)]
-    assert torch.equal(flips[0], ~flips[1]) and torch.equal(flips[0], flips[2]) and torch.equal(flips[1], flips[3])
+def test_loader_augments_training_batches_only_when_asked(tiny_data):
+    from cifar_amp.data import CIFARDataModule
 
+    def first_batch(cfg):
+        dm = CIFARDataModule(data_dir=str(tiny_data), download=False, batch_size=8, val_split=0.0, augment=cfg)
+        dm.setup()
+        return next(iter(dm.train_dataloader()))
 
-def test_apply_keeps_shape_and_dtype_and_turns_off_cleanly():
-    x = torch.randn(6, 3, 32, 32)
-    on = AugmentConfig(flip=True, translate=4, cutout=8)
-    d = augment.draw(6, 0, 0, on, torch.device("cpu"))
-    out = augment.apply(x, d, on)
-    assert out.shape == x.shape and out.dtype == x.dtype and not torch.equal(out, x)
-    off = AugmentConfig(flip=False, translate=0, cutout=0)
-    assert torch.equal(augment.apply(x, augment.draw(6, 0, 0, off, torch.device("cpu")), off), x)
+    plain = first_batch(AugmentConfig(flip=False, translate=0, cutout=0))
+    on = first_batch(AugmentConfig(flip=True, translate=4, cutout=8))
+    assert torch.equal(plain[1], on[1])  # same images, same order
+    assert on[0].shape == plain[0].shape and on[0].dtype == torch.float32
+    assert not torch.equal(on[0], plain[0])
+    assert (on[0] == 0).flatten(1).sum(1).min() >= 3 * 4 * 4  # a cutout hole (the mean) in each image
