@@ -77,7 +77,9 @@ class ImageClassifier(LightningModule):
         smoothing = self.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
         loss_metric, acc_metric = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
-        loss_metric(loss.detach(), weight=len(y))  # a per-sample mean, whatever the batch sizes
+        # One value per sample, so the epoch value is a per-sample mean whatever the batch
+        # sizes (and ranks); `weight=` would be dropped by torchmetrics under nan_strategy="disable".
+        loss_metric(loss.detach().expand(len(y)))
         acc_metric(logits.detach(), y)
         loss_name, acc_name = NAMES[stage]
         self.log(loss_name, loss_metric, on_step=False, on_epoch=True, prog_bar=stage != "train")
