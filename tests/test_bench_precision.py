@@ -45,3 +45,12 @@ def test_bench_isolated_cases_via_cli(tiny_data, tmp_path):
     (row,) = json.loads((tmp_path / "bench_precision.json").read_text())
     assert row["mode"] == "32-true" and row["step_ms"] > 0 and row["peak_memory_mb"] > 0
     assert (tmp_path / "bench_precision.png").is_file()
+
+
+def test_overhead_benchmark_times_both_sides(tiny_data):
+    from cifar_amp.bench.overhead import measure
+    from conftest import SHRINK
+
+    out = measure("precision_diagnostics", 1, [*SHRINK, f"data.data_dir={tiny_data}"])
+    assert len(out["fit_seconds"]["with"]) == len(out["fit_seconds"]["without"]) == 1
+    assert out["ratio_with_over_without"] == round(out["median_with"] / out["median_without"], 3)
