@@ -29,7 +29,12 @@ def write_cifar_folder(
         base = np.repeat(palette[labels], 1024, axis=1)  # (n, 3072), channel-major like CIFAR
         noise = rng.integers(-40, 41, size=(n, 3072))
         data = np.clip(base + noise, 0, 255).astype(np.uint8)
-        return {"batch_label": "tiny", label_key: labels.tolist(), "data": data, "filenames": [f"{i}.png" for i in range(n)]}
+        return {
+            "batch_label": "tiny",
+            label_key: labels.tolist(),
+            "data": data,
+            "filenames": [f"{i}.png" for i in range(n)],
+        }
 
     for name in spec.train_files:
         (folder / name).write_bytes(pickle.dumps(batch(per_file)))

@@ -36,10 +36,14 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 
 
 def compose_cfg(
-    config_name: str = "train", overrides: tuple[str, ...] | list[str] = (), return_hydra_config: bool = False
+    config_name: str = "train",
+    overrides: tuple[str, ...] | list[str] = (),
+    return_hydra_config: bool = False,
 ) -> DictConfig:
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+        return compose(
+            config_name, overrides=list(overrides), return_hydra_config=return_hydra_config
+        )
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +57,12 @@ def make_cfg(tmp_path, tiny_data):
 
     def make(*overrides: str, config_name: str = "train"):
         shrink = SHRINK
-        if config_name != "train" or any(o.startswith(("model=", "experiment=")) for o in overrides):
-            shrink = tuple(o for o in SHRINK if not o.startswith("model"))  # the caller picks the model
+        if config_name != "train" or any(
+            o.startswith(("model=", "experiment=")) for o in overrides
+        ):
+            shrink = tuple(
+                o for o in SHRINK if not o.startswith("model")
+            )  # the caller picks the model
         if config_name != "train":
             shrink = tuple(o for o in shrink if not o.startswith("module"))
         base = (*shrink, f"data.data_dir={tiny_data}", f"run_dir={tmp_path}")

@@ -12,7 +12,9 @@ def images(n=4, size=8):
 
 
 def hwc_draw(n, flip, shift):
-    return augment.Draw(torch.tensor(flip), torch.tensor(shift), torch.zeros(n, 2, dtype=torch.long))
+    return augment.Draw(
+        torch.tensor(flip), torch.tensor(shift), torch.zeros(n, 2, dtype=torch.long)
+    )
 
 
 def test_flip_mirrors_exactly_the_chosen_images():
@@ -53,14 +55,18 @@ def test_draws_differ_per_image_and_repeat_per_seed_and_epoch():
     assert torch.equal(a.flip, b.flip) and torch.equal(a.shift, b.shift)
     assert not torch.equal(a.shift, c.shift)
     assert 400 < int(a.flip.sum()) < 600
-    assert a.shift.min() == -4 and a.shift.max() == 4 and len(set(map(tuple, a.shift.tolist()))) == 81
+    assert (
+        a.shift.min() == -4 and a.shift.max() == 4 and len(set(map(tuple, a.shift.tolist()))) == 81
+    )
 
 
 def test_loader_augments_training_batches_only_when_asked(tiny_data):
     from cifar_amp.data import CIFARDataModule
 
     def first_batch(cfg):
-        dm = CIFARDataModule(data_dir=str(tiny_data), download=False, batch_size=8, val_split=0.0, augment=cfg)
+        dm = CIFARDataModule(
+            data_dir=str(tiny_data), download=False, batch_size=8, val_split=0.0, augment=cfg
+        )
         dm.setup()
         return next(iter(dm.train_dataloader()))
 
@@ -69,4 +75,6 @@ def test_loader_augments_training_batches_only_when_asked(tiny_data):
     assert torch.equal(plain[1], on[1])  # same images, same order
     assert on[0].shape == plain[0].shape and on[0].dtype == torch.float32
     assert not torch.equal(on[0], plain[0])
-    assert (on[0] == 0).flatten(1).sum(1).min() >= 3 * 4 * 4  # a cutout hole (the mean) in each image
+    assert (on[0] == 0).flatten(1).sum(
+        1
+    ).min() >= 3 * 4 * 4  # a cutout hole (the mean) in each image

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, SHRINK, compose_cfg
 
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
 from cifar_amp.reliability import preflight
 from cifar_amp.train import train
+from conftest import REPO, SHRINK, compose_cfg
 
 SMALL = {"_target_": "cifar_amp.models.SmallCNN", "width": 8, "hidden": 32}
 

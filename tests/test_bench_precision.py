@@ -8,18 +8,39 @@ import pytest
 from cifar_amp.bench import precision as bench
 from conftest import REPO, SHRINK, compose_cfg
 
-TINY = ("model=small_cnn", "model.width=8", "model.hidden=32", "data.batch_size=16", "warmup_steps=2",
-        "trainer.limit_train_batches=5", "trainer.limit_val_batches=1",
-        "module.scheduler=null")
+TINY = (
+    "model=small_cnn",
+    "model.width=8",
+    "model.hidden=32",
+    "data.batch_size=16",
+    "warmup_steps=2",
+    "trainer.limit_train_batches=5",
+    "trainer.limit_val_batches=1",
+    "module.scheduler=null",
+)
 
 
 def test_bench_writes_table_chart_and_overhead(tiny_data, tmp_path):
     # Composed but unresolved, as the CLI hands it over: each case's `${run_dir}` must follow it.
-    cfg = compose_cfg("bench_precision", (*SHRINK, *TINY, f"data.data_dir={tiny_data}", f"run_dir={tmp_path}",
-                      "modes=[32-true,bf16-mixed]", "checkpointing=[0,1]", "overhead_modes=[32-true]", "isolate=false"))
+    cfg = compose_cfg(
+        "bench_precision",
+        (
+            *SHRINK,
+            *TINY,
+            f"data.data_dir={tiny_data}",
+            f"run_dir={tmp_path}",
+            "modes=[32-true,bf16-mixed]",
+            "checkpointing=[0,1]",
+            "overhead_modes=[32-true]",
+            "isolate=false",
+        ),
+    )
     rows = bench.run(cfg)
     assert [(r["mode"], r["checkpointing"], r["diagnostics"]) for r in rows] == [
-        ("32-true", 0, True), ("32-true", 1, True), ("bf16-mixed", 0, True), ("bf16-mixed", 1, True),
+        ("32-true", 0, True),
+        ("32-true", 1, True),
+        ("bf16-mixed", 0, True),
+        ("bf16-mixed", 1, True),
         ("32-true", 0, False),
     ]
     for r in rows:
@@ -39,8 +60,18 @@ def test_bench_writes_table_chart_and_overhead(tiny_data, tmp_path):
 def test_bench_isolated_cases_via_cli(tiny_data, tmp_path):
     # The default path: each case in a fresh (spawned) process, started from the CLI.
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "cifar_amp.bench.precision", *SHRINK, *TINY, f"data.data_dir={tiny_data}",
-           f"hydra.run.dir={tmp_path}", "modes=[32-true]", "checkpointing=[0]", "overhead_modes=[]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cifar_amp.bench.precision",
+        *SHRINK,
+        *TINY,
+        f"data.data_dir={tiny_data}",
+        f"hydra.run.dir={tmp_path}",
+        "modes=[32-true]",
+        "checkpointing=[0]",
+        "overhead_modes=[]",
+    ]
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True)
     (row,) = json.loads((tmp_path / "bench_precision.json").read_text())
     assert row["mode"] == "32-true" and row["step_ms"] > 0 and row["peak_memory_mb"] > 0

@@ -19,7 +19,9 @@ MODELS = {
 
 def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, dict]:
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.numel()) or t, lambda t: t
+    ):
         loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -39,7 +41,7 @@ def test_checkpointing_gives_same_grads_and_running_stats(name, every):
     for n in ref:
         torch.testing.assert_close(got[n], ref[n], rtol=1e-4, atol=1e-5, msg=n)
     # Buffers: BatchNorm running mean/var and num_batches_tracked moved exactly once.
-    for (n, a), (_, b) in zip(plain.named_buffers(), ckpt.named_buffers()):
+    for (n, a), (_, b) in zip(plain.named_buffers(), ckpt.named_buffers(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=n)
     assert saved_ckpt < saved_plain  # it did checkpoint: fewer activations kept for backward
 
@@ -60,7 +62,9 @@ def test_dropout_blocks_give_same_grads():
     # the same mask twice.
     def net():
         torch.manual_seed(1)
-        return nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.GELU()) for _ in range(3)).train()
+        return nn.ModuleList(
+            nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.GELU()) for _ in range(3)
+        ).train()
 
     x = torch.randn(8, 16)
     grads = []
@@ -69,5 +73,5 @@ def test_dropout_blocks_give_same_grads():
         torch.manual_seed(123)
         run_blocks(blocks, x, every).square().sum().backward()
         grads.append([p.grad for p in blocks.parameters()])
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(b, a)

@@ -23,14 +23,29 @@ def run(*args, tmp_path, env=None, timeout=600):
 
 def test_no_data_and_no_network_gives_one_clear_message(tmp_path):
     # a proxy that refuses connections stands in for "offline", so this never downloads
-    offline = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
-               "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "HYDRA_FULL_ERROR": "0"}
-    r = run("train.py", f"data.data_dir={tmp_path}/empty", f"hydra.run.dir={tmp_path}/run", tmp_path=tmp_path, env=offline)
+    offline = {
+        "http_proxy": "http://127.0.0.1:9",
+        "https_proxy": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HYDRA_FULL_ERROR": "0",
+    }
+    r = run(
+        "train.py",
+        f"data.data_dir={tmp_path}/empty",
+        f"hydra.run.dir={tmp_path}/run",
+        tmp_path=tmp_path,
+        env=offline,
+    )
     assert r.returncode == 2
     assert "Traceback" not in r.stderr + r.stdout
     err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1
-    assert "download failed" in err[0] and "connect to the internet" in err[0] and "data.data_dir" in err[0]
+    assert (
+        "download failed" in err[0]
+        and "connect to the internet" in err[0]
+        and "data.data_dir" in err[0]
+    )
 
 
 @pytest.mark.parametrize(
@@ -51,7 +66,11 @@ def test_unknown_option_exits_nonzero_and_lists_choices(tmp_path, override, expe
 
 
 @pytest.mark.parametrize(
-    "override,key", [("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"), ("data.batch_size=0", "data.batch_size")]
+    "override,key",
+    [
+        ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"),
+        ("data.batch_size=0", "data.batch_size"),
+    ],
 )
 def test_bad_value_exits_2_with_one_line_naming_the_key(tmp_path, override, key):
     r = run("train.py", override, f"hydra.run.dir={tmp_path}", tmp_path=tmp_path)
@@ -62,8 +81,13 @@ def test_bad_value_exits_2_with_one_line_naming_the_key(tmp_path, override, key)
 @pytest.mark.slow
 def test_two_job_multirun_gives_each_job_its_own_run(tmp_path, tiny_data):
     r = run(
-        "train.py", "-m", "precision=32-true,bf16-mixed", *SHRINK, f"data.data_dir={tiny_data}",
-        f"hydra.sweep.dir={tmp_path}/sweep", tmp_path=tmp_path,
+        "train.py",
+        "-m",
+        "precision=32-true,bf16-mixed",
+        *SHRINK,
+        f"data.data_dir={tiny_data}",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        tmp_path=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     jobs = sorted((tmp_path / "sweep").glob("*/metrics.json"))
@@ -75,10 +99,25 @@ def test_two_job_multirun_gives_each_job_its_own_run(tmp_path, tiny_data):
 @pytest.mark.slow
 def test_train_then_eval_from_the_command_line(tmp_path, tiny_data):
     data = f"data.data_dir={tiny_data}"
-    r = run("train.py", *SHRINK, data, "trainer.max_epochs=2", f"hydra.run.dir={tmp_path}/t", tmp_path=tmp_path)
+    r = run(
+        "train.py",
+        *SHRINK,
+        data,
+        "trainer.max_epochs=2",
+        f"hydra.run.dir={tmp_path}/t",
+        tmp_path=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     trained = json.loads((tmp_path / "t" / "metrics.json").read_text())
-    r = run("eval.py", data, "trainer=cpu", f"ckpt_path={trained['tested_ckpt']}", f"hydra.run.dir={tmp_path}/e",
-            tmp_path=tmp_path)
+    r = run(
+        "eval.py",
+        data,
+        "trainer=cpu",
+        f"ckpt_path={trained['tested_ckpt']}",
+        f"hydra.run.dir={tmp_path}/e",
+        tmp_path=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads((tmp_path / "e" / "metrics.json").read_text())["test/acc"] == trained["test/acc"]
+    assert (
+        json.loads((tmp_path / "e" / "metrics.json").read_text())["test/acc"] == trained["test/acc"]
+    )

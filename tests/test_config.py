@@ -1,19 +1,20 @@
 """Every config option composes and validates; bad values fail with the key named."""
 
-from pathlib import Path
-
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from cifar_amp import config, metrics
+from cifar_amp import metrics
 from cifar_amp.errors import UserError
-from conftest import CONFIGS, options
-
+from conftest import options
 
 
 @pytest.mark.parametrize(
     "group,option",
-    [(g, o) for g in ("data", "model", "precision", "trainer", "callbacks", "logger") for o in options(g)],
+    [
+        (g, o)
+        for g in ("data", "model", "precision", "trainer", "callbacks", "logger")
+        for o in options(g)
+    ],
 )
 def test_every_group_option_composes(make_cfg, group, option):
     cfg = make_cfg(f"{group}={option}")

@@ -22,7 +22,7 @@ def datamodule(data_dir, **kw) -> CIFARDataModule:
 
 def test_splits_are_decoded_once_seeded_and_disjoint(tiny_data):
     dm = datamodule(tiny_data, val_split=0.25, seed=3)
-    (xt, yt), (xv, yv), (xs, ys) = dm.splits["train"], dm.splits["val"], dm.splits["test"]
+    (xt, yt), (xv, yv), (_xs, ys) = dm.splits["train"], dm.splits["val"], dm.splits["test"]
     assert xt.dtype == torch.uint8 and xt.shape[1:] == (3, 32, 32) and yt.dtype == torch.int64
     assert len(yv) == 50 and len(yt) == 150 and len(ys) == 60  # 5 x 40 train images, 25% held out
     train_rows = {bytes(x.numpy()) for x in xt}
@@ -56,7 +56,9 @@ def test_loaders_serve_normalised_batches(tiny_data):
 
 
 def test_training_order_is_a_new_permutation_each_epoch(tiny_data):
-    dm = datamodule(tiny_data, val_split=0.0, batch_size=25, augment=AugmentConfig(flip=False, translate=0))
+    dm = datamodule(
+        tiny_data, val_split=0.0, batch_size=25, augment=AugmentConfig(flip=False, translate=0)
+    )
     loader = dm.train_dataloader()
     first = torch.cat([y for _, y in loader])
     loader.set_epoch(1)
@@ -76,7 +78,9 @@ def test_ranks_see_disjoint_shards_that_cover_the_data(tiny_data):
         loader.rank, loader.world_size, loader.batch_size = rank, world, 1000
         x = torch.cat([b[0] for b in loader]).flatten(1)
         # map normalised images back to dataset rows
-        x = x * loader.std.flatten().repeat_interleave(1024) + loader.mean.flatten().repeat_interleave(1024)
+        x = x * loader.std.flatten().repeat_interleave(
+            1024
+        ) + loader.mean.flatten().repeat_interleave(1024)
         return {int(torch.cdist(row[None], images).argmin()) for row in x}
 
     a, b = seen(0, 2), seen(1, 2)
@@ -92,7 +96,9 @@ def test_subset_folder_reads_without_official_checksums():
 
 
 def test_cifar100_folder(tmp_path):
-    dm = CIFARDataModule(dataset="cifar100", data_dir=str(write_cifar_folder(tmp_path, "cifar100")), download=False)
+    dm = CIFARDataModule(
+        dataset="cifar100", data_dir=str(write_cifar_folder(tmp_path, "cifar100")), download=False
+    )
     dm.setup()
     assert dm.num_classes == 100 and int(dm.splits["train"][1].max()) < 100
 
@@ -101,7 +107,11 @@ def test_missing_data_without_download_says_both_ways_out(tmp_path):
     with pytest.raises(UserError) as err:
         CIFARDataModule(data_dir=str(tmp_path), download=False).prepare_data()
     msg = str(err.value)
-    assert "data.data_dir" in msg and "connect to the internet" in msg and SPECS["cifar10"].folder in msg
+    assert (
+        "data.data_dir" in msg
+        and "connect to the internet" in msg
+        and SPECS["cifar10"].folder in msg
+    )
 
 
 def test_failed_download_says_both_ways_out(tmp_path, monkeypatch):
@@ -120,10 +130,15 @@ def test_failed_download_says_both_ways_out(tmp_path, monkeypatch):
     [
         (lambda f: f.unlink(), "missing data file"),
         (lambda f: f.write_bytes(f.read_bytes()[:1000]), "truncated"),
-        (lambda f: f.write_bytes(pickle.dumps({"data": [[1, 2, 3]], "labels": [0]})), "expected \\(N, 3072\\)"),
+        (
+            lambda f: f.write_bytes(pickle.dumps({"data": [[1, 2, 3]], "labels": [0]})),
+            "expected \\(N, 3072\\)",
+        ),
         (
             lambda f: f.write_bytes(
-                pickle.dumps({"data": __import__("numpy").zeros((2, 3072), "uint8"), "labels": [0, 10]})
+                pickle.dumps(
+                    {"data": __import__("numpy").zeros((2, 3072), "uint8"), "labels": [0, 10]}
+                )
             ),
             "labels span",
         ),

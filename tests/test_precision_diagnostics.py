@@ -20,8 +20,14 @@ def test_fp16_overflow_shows_as_skipped_steps_and_lower_scale(make_cfg, tmp_path
     # skipped step and never grows it here (growth_interval > steps), so
     # final scale = init * 0.5^skipped exactly.
     init = 2.0**32
-    out = _run(make_cfg, tmp_path, "precision=16-mixed", f"precision.scaler.init_scale={init}",
-               "precision.scaler.growth_interval=1000", "data.batch_size=4")
+    out = _run(
+        make_cfg,
+        tmp_path,
+        "precision=16-mixed",
+        f"precision.scaler.init_scale={init}",
+        "precision.scaler.growth_interval=1000",
+        "data.batch_size=4",
+    )
     skipped, scale = out[metrics.SKIPPED_STEPS], out[metrics.SCALE]
     assert skipped >= 1
     assert scale < init
@@ -31,46 +37,81 @@ def test_fp16_overflow_shows_as_skipped_steps_and_lower_scale(make_cfg, tmp_path
 
 
 def test_no_overflow_no_skipped_steps(make_cfg, tmp_path):
-    out = _run(make_cfg, tmp_path, "precision=16-mixed", "precision.scaler.init_scale=256",
-               "precision.scaler.growth_interval=1000", "trainer.limit_train_batches=5")
+    out = _run(
+        make_cfg,
+        tmp_path,
+        "precision=16-mixed",
+        "precision.scaler.init_scale=256",
+        "precision.scaler.growth_interval=1000",
+        "trainer.limit_train_batches=5",
+    )
     assert out[metrics.SKIPPED_STEPS] == 0
     assert out[metrics.SCALE] == 256
 
 
 @pytest.mark.parametrize("clip, fraction", [(1e-6, 1.0), (1e6, 0.0)])
 def test_clip_fraction_and_norm_before_clipping(make_cfg, tmp_path, clip, fraction):
-    out = _run(make_cfg, tmp_path, f"trainer.gradient_clip_val={clip}", "trainer.limit_train_batches=4")
+    out = _run(
+        make_cfg, tmp_path, f"trainer.gradient_clip_val={clip}", "trainer.limit_train_batches=4"
+    )
     assert out[metrics.CLIP_FRACTION] == fraction
     # The norm is taken before clipping: far above a 1e-6 clip threshold.
     assert out[metrics.GRAD_NORM] > 1e-3
 
 
 def test_clip_fraction_by_value(make_cfg, tmp_path):
-    out = _run(make_cfg, tmp_path, "trainer.gradient_clip_val=1e-9", "trainer.gradient_clip_algorithm=value",
-               "trainer.limit_train_batches=3")
+    out = _run(
+        make_cfg,
+        tmp_path,
+        "trainer.gradient_clip_val=1e-9",
+        "trainer.gradient_clip_algorithm=value",
+        "trainer.limit_train_batches=3",
+    )
     assert out[metrics.CLIP_FRACTION] == 1.0
 
 
 def test_no_scale_without_scaler_and_perf_metrics(make_cfg, tmp_path):
     out = _run(make_cfg, tmp_path, "precision=bf16-mixed", "trainer.limit_train_batches=3")
-    assert metrics.SCALE not in out and metrics.SKIPPED_STEPS not in out and metrics.CLIP_FRACTION not in out
+    assert (
+        metrics.SCALE not in out
+        and metrics.SKIPPED_STEPS not in out
+        and metrics.CLIP_FRACTION not in out
+    )
     assert out[metrics.IMAGES_PER_SEC] > 0
     assert out[metrics.PEAK_MEMORY_MB] > 0
 
 
 def test_fit_start_lines(make_cfg, caplog):
     with caplog.at_level(logging.INFO):
-        train(make_cfg("callbacks=none", DIAG, "test=false", "precision=16-mixed", "trainer.limit_train_batches=1"))
+        train(
+            make_cfg(
+                "callbacks=none",
+                DIAG,
+                "test=false",
+                "precision=16-mixed",
+                "trainer.limit_train_batches=1",
+            )
+        )
     text = caplog.text
     assert "Precision plugin: 16-mixed: float16 autocast" in text
     assert "GradScaler(init_scale=65536" in text
-    assert "Parameter dtypes: float32: 8 tensors" in text  # small_cnn: 2 conv + 2 linear, with biases
+    assert (
+        "Parameter dtypes: float32: 8 tensors" in text
+    )  # small_cnn: 2 conv + 2 linear, with biases
     # CPU autocast runs convolutions and linear layers in float16, ReLU follows its input.
     assert "Conv2d -> float16" in text and "Linear -> float16" in text
 
 
 def test_true_half_precision_parameters_are_counted(make_cfg, caplog):
     with caplog.at_level(logging.INFO):
-        train(make_cfg("callbacks=none", DIAG, "test=false", "precision=bf16-true", "trainer.limit_train_batches=1"))
+        train(
+            make_cfg(
+                "callbacks=none",
+                DIAG,
+                "test=false",
+                "precision=bf16-true",
+                "trainer.limit_train_batches=1",
+            )
+        )
     assert "Parameter dtypes: bfloat16: 8 tensors" in caplog.text
     assert "Conv2d -> bfloat16" in caplog.text

@@ -14,11 +14,11 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import REPO, SHRINK
 
 from cifar_amp import metrics
 from cifar_amp.module import ImageClassifier
 from cifar_amp.train import train
+from conftest import REPO, SHRINK
 
 EXACT = ("trainer.deterministic=true", "callbacks.step_checkpoint.every_n_train_steps=2")
 CSV = ("logger=csv", "trainer.log_every_n_steps=1")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import REPO, SHRINK
 
 QUICK = (*SHRINK, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false")

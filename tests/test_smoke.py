@@ -7,7 +7,14 @@ from cifar_amp.train import train
 def test_train_writes_metrics_and_checkpoints(make_cfg, tmp_path):
     result = train(make_cfg())
     saved = json.loads((tmp_path / "metrics.json").read_text())
-    for key in (metrics.TEST_ACC, metrics.TEST_LOSS, metrics.VAL_ACC_BEST, metrics.EPOCHS, metrics.FIT_SECONDS, metrics.PRECISION):
+    for key in (
+        metrics.TEST_ACC,
+        metrics.TEST_LOSS,
+        metrics.VAL_ACC_BEST,
+        metrics.EPOCHS,
+        metrics.FIT_SECONDS,
+        metrics.PRECISION,
+    ):
         assert key in saved, key
     assert saved == result
     assert saved[metrics.EPOCHS] == 1

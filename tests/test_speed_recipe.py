@@ -15,7 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from cifar_amp import config, metrics, tta
-from cifar_amp.bench import framework, loader as loader_bench, reference_loop
+from cifar_amp.bench import framework, reference_loop
+from cifar_amp.bench import loader as loader_bench
 from cifar_amp.callbacks import PatchWhitening
 from cifar_amp.callbacks.whitening import patches
 from cifar_amp.config import AugmentConfig
@@ -31,7 +32,9 @@ def correlated_images(n: int = 64, seed: int = 0) -> torch.Tensor:
     """Images whose neighbouring pixels and channels are strongly correlated, like photos."""
     g = torch.Generator().manual_seed(seed)
     smooth = F.interpolate(torch.randn(n, 1, 8, 8, generator=g), size=16, mode="bilinear")
-    return smooth * torch.tensor([1.0, 0.8, 0.5]).view(1, 3, 1, 1) + 0.1 * torch.randn(n, 3, 16, 16, generator=g)
+    return smooth * torch.tensor([1.0, 0.8, 0.5]).view(1, 3, 1, 1) + 0.1 * torch.randn(
+        n, 3, 16, 16, generator=g
+    )
 
 
 def test_whitening_layer_whitens_the_patches_it_was_fit_to():
@@ -43,14 +46,18 @@ def test_whitening_layer_whitens_the_patches_it_was_fit_to():
     with torch.no_grad():
         out = conv(x)  # pre-activation, (N, 24, 15, 15)
     first = out[:, :12].permute(0, 2, 3, 1).reshape(-1, 12).double()
-    torch.testing.assert_close(first.mean(0), torch.zeros(12, dtype=torch.double), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        first.mean(0), torch.zeros(12, dtype=torch.double), atol=1e-4, rtol=0
+    )
     cov = first.T @ first / len(first)
     torch.testing.assert_close(cov, torch.eye(12, dtype=torch.double), atol=2e-3, rtol=0)
     torch.testing.assert_close(out[:, 12:], -out[:, :12])  # the +/- pairs
 
 
 def test_whitening_rejects_a_layer_it_cannot_whiten():
-    module = ImageClassifier({"_target_": "cifar_amp.models.SpeedNet", "stem_width": 8, "widths": [8]}, 10)
+    module = ImageClassifier(
+        {"_target_": "cifar_amp.models.SpeedNet", "stem_width": 8, "widths": [8]}, 10
+    )
     with pytest.raises(UserError, match="between 12 and 24"):
         PatchWhitening().conv(module)
 
@@ -60,12 +67,14 @@ def flipped_per_epoch(epochs: int, n: int = 40) -> torch.Tensor:
     images = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8)
     mean, std = torch.zeros(3), torch.ones(3) / 255  # identity normalisation
     cfg = AugmentConfig(flip=True, alternate_flip=True, translate=0)
-    batches = DeviceBatches(images, torch.arange(n), 8, mean, std, train=True, augment_cfg=cfg, seed=3)
+    batches = DeviceBatches(
+        images, torch.arange(n), 8, mean, std, train=True, augment_cfg=cfg, seed=3
+    )
     out = torch.zeros(epochs, n, dtype=torch.bool)
     for e in range(epochs):
         batches.set_epoch(e)
         for x, ids in batches:
-            for img, i in zip(x, ids):
+            for img, i in zip(x, ids, strict=True):
                 plain, mirror = images[i].float(), images[i].float().flip(-1)
                 assert torch.equal(img, plain) or torch.equal(img, mirror)
                 out[e, i] = torch.equal(img, mirror) and not torch.equal(plain, mirror)
@@ -85,8 +94,12 @@ def test_fused_flip_translate_matches_flip_then_translate(translate):
     idx = torch.randperm(30)[:12]
     dd = d.take(idx)
     x = images[idx]
-    expected = augment.translate(torch.where(dd.flip[:, None, None, None], x.flip(-1), x), dd.shift, translate)
-    got = augment.flip_translate(images.permute(0, 2, 3, 1).contiguous(), idx, dd).permute(0, 3, 1, 2)
+    expected = augment.translate(
+        torch.where(dd.flip[:, None, None, None], x.flip(-1), x), dd.shift, translate
+    )
+    got = augment.flip_translate(images.permute(0, 2, 3, 1).contiguous(), idx, dd).permute(
+        0, 3, 1, 2
+    )
     assert torch.equal(got, expected)
 
 
@@ -105,7 +118,11 @@ def test_tta_averages_the_views_it_claims():
 
 def test_module_tests_with_tta_and_validates_without_unless_asked():
     torch.manual_seed(0)
-    kw = dict(net={"_target_": "cifar_amp.models.SmallCNN", "width": 4, "hidden": 8}, num_classes=10, tta="flip")
+    kw = dict(
+        net={"_target_": "cifar_amp.models.SmallCNN", "width": 4, "hidden": 8},
+        num_classes=10,
+        tta="flip",
+    )
     module = ImageClassifier(**kw).eval()
     x, y = torch.randn(6, 3, 32, 32), torch.randint(0, 10, (6,))
     seen = []
@@ -140,14 +157,27 @@ def test_ema_callback_of_the_recipe_matches_a_hand_computation(tmp_path):
     torch.manual_seed(0)
     data = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(8)]
     toy = Toy()
-    L.Trainer(max_epochs=1, callbacks=[ema], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-              enable_model_summary=False, accelerator="cpu").fit(toy, DataLoader(data, batch_size=None))
+    L.Trainer(
+        max_epochs=1,
+        callbacks=[ema],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    ).fit(toy, DataLoader(data, batch_size=None))
     expected = None
     for step, weights in enumerate(toy.trace):
         if step < start:
             continue
-        expected = weights if expected is None else [decay * e + (1 - decay) * w for e, w in zip(expected, weights)]
-    for got, want in zip(toy.parameters(), expected):  # the average is copied in at train end
+        expected = (
+            weights
+            if expected is None
+            else [decay * e + (1 - decay) * w for e, w in zip(expected, weights, strict=True)]
+        )
+    for got, want in zip(
+        toy.parameters(), expected, strict=True
+    ):  # the average is copied in at train end
         torch.testing.assert_close(got.detach(), want)
     assert not torch.equal(toy.trace[-1][0], expected[0])  # and it is not just the last weights
 
@@ -157,37 +187,71 @@ def test_reference_loop_reaches_the_same_weights_as_lightning():
     images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8)
     labels = torch.randint(0, 10, (n,))
     mean, std = torch.tensor([0.5] * 3), torch.tensor([0.25] * 3)
-    batches = DeviceBatches(images, labels, bs, mean, std, train=True, augment_cfg=AugmentConfig(alternate_flip=True, translate=2))
+    batches = DeviceBatches(
+        images,
+        labels,
+        bs,
+        mean,
+        std,
+        train=True,
+        augment_cfg=AugmentConfig(alternate_flip=True, translate=2),
+    )
     defaults = config.ModuleConfig()
     torch.manual_seed(0)
     module = ImageClassifier(
-        {"_target_": "cifar_amp.models.SpeedNet", "widths": [8, 8, 16]}, 10,
-        optimizer=instantiate(defaults.optimizer), scheduler=instantiate(defaults.scheduler, max_lr=0.2),
+        {"_target_": "cifar_amp.models.SpeedNet", "widths": [8, 8, 16]},
+        10,
+        optimizer=instantiate(defaults.optimizer),
+        scheduler=instantiate(defaults.scheduler, max_lr=0.2),
         label_smoothing=0.2,
     )
     net = copy.deepcopy(module.net)
     try:
-        L.Trainer(max_epochs=2, accelerator="cpu", deterministic=True, logger=False, enable_checkpointing=False,
-                  enable_progress_bar=False, enable_model_summary=False).fit(module, train_dataloaders=batches)
+        L.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            deterministic=True,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ).fit(module, train_dataloaders=batches)
     finally:
         torch.use_deterministic_algorithms(False)  # Lightning sets it process-wide
     opt = module.optimizer_factory(params=net.parameters())
     sched = module.scheduler_factory(optimizer=opt, total_steps=2 * len(batches))
     reference_loop.fit(net, batches, opt, sched, epochs=2, label_smoothing=0.2)
-    for (name, a), b in zip(module.net.state_dict().items(), net.state_dict().values()):
+    for (name, a), b in zip(
+        module.net.state_dict().items(), net.state_dict().values(), strict=True
+    ):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
-    cfg = config.to_object(compose_cfg("train", [
-        "experiment=speedrun", f"data.data_dir={tiny_data}", "data.download=false", f"run_dir={tmp_path}",
-        "logger=none", "trainer=cpu", "trainer.max_epochs=1", "trainer.enable_model_summary=false",
-        "model.widths=[8,8,8]", "data.batch_size=32", "data.eval_batch_size=64",
-    ]))
+    cfg = config.to_object(
+        compose_cfg(
+            "train",
+            [
+                "experiment=speedrun",
+                f"data.data_dir={tiny_data}",
+                "data.download=false",
+                f"run_dir={tmp_path}",
+                "logger=none",
+                "trainer=cpu",
+                "trainer.max_epochs=1",
+                "trainer.enable_model_summary=false",
+                "model.widths=[8,8,8]",
+                "data.batch_size=32",
+                "data.eval_batch_size=64",
+            ],
+        )
+    )
     result = train(cfg)
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved == result and 0.0 <= result[metrics.TEST_ACC] <= 1.0
-    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(
+        tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False
+    )
     assert ckpt["hyper_parameters"]["tta"] == "flip_shift"
     stem = ckpt["state_dict"]["net.stem.weight"]
     # Whitened at fit start ([W, -W] pairs) and frozen: training kept the pairs exact.
@@ -196,10 +260,25 @@ def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
 
 @pytest.mark.slow  # four Lightning/plain fits in a row
 def test_framework_benchmark_runs_tiny():
-    report = framework.main(["--n-images", "128", "--batch-size", "16", "--widths", "8,8,8", "--epochs", "1", "--repeats", "1"])
+    report = framework.main(
+        [
+            "--n-images",
+            "128",
+            "--batch-size",
+            "16",
+            "--widths",
+            "8,8,8",
+            "--epochs",
+            "1",
+            "--repeats",
+            "1",
+        ]
+    )
     assert report["images_per_epoch"] == 128 and report["ratio_lightning_over_plain"] > 0
 
 
 def test_loader_benchmark_runs_tiny(tiny_data):
-    report = loader_bench.main(["--data-dir", str(tiny_data), "--batch-size", "40", "--epochs", "1", "--workers", "0"])
+    report = loader_bench.main(
+        ["--data-dir", str(tiny_data), "--batch-size", "40", "--epochs", "1", "--workers", "0"]
+    )
     assert report["train_images"] == 200 and report["speedup"] > 0

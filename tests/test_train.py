@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 
-from cifar_amp import config, metrics, precision
+from cifar_amp import metrics, precision
 from cifar_amp.evaluate import evaluate
 from cifar_amp.train import train
 from conftest import options
@@ -19,7 +19,9 @@ def weights(path) -> dict:
 
 @pytest.mark.parametrize("model", options("model"))
 def test_fast_dev_run_per_model(make_cfg, model):
-    overrides = {"speednet": ["model.widths=[8,8,8]"], "small_cnn": ["model.width=8"]}.get(model, [])
+    overrides = {"speednet": ["model.widths=[8,8,8]"], "small_cnn": ["model.width=8"]}.get(
+        model, []
+    )
     result = train(make_cfg(f"model={model}", *overrides, "trainer.fast_dev_run=true"))
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0
 
@@ -33,8 +35,14 @@ def test_fast_dev_run_per_precision(make_cfg, prec, caplog):
 
 
 def test_16_mixed_on_cpu_is_float16_with_a_real_scaler(make_cfg):
-    cfg = make_cfg("precision=16-mixed", "precision.scaler.init_scale=1024", "precision.scaler.growth_interval=7")
-    trainer = L.Trainer(**cfg.trainer.kwargs(), **precision.trainer_kwargs(cfg.precision, cfg.trainer), logger=False)
+    cfg = make_cfg(
+        "precision=16-mixed",
+        "precision.scaler.init_scale=1024",
+        "precision.scaler.growth_interval=7",
+    )
+    trainer = L.Trainer(
+        **cfg.trainer.kwargs(), **precision.trainer_kwargs(cfg.precision, cfg.trainer), logger=False
+    )
     plugin = trainer.precision_plugin
     assert plugin.device == "cpu" and plugin.precision == "16-mixed"
     with plugin.forward_context():
@@ -54,14 +62,20 @@ class Recorder(L.Callback):
 
         # after the step: under 32-true the closure (backward + clipping) runs inside step()
         def post_step(optimizer, args, kwargs):
-            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            self.seen_grad_norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+            grads = [
+                p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
+            ]
+            self.seen_grad_norms.append(
+                float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+            )
 
         trainer.optimizers[0].register_step_post_hook(post_step)
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         grads = [p.grad for p in module.parameters() if p.grad is not None]
-        self.unclipped_norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+        self.unclipped_norms.append(
+            float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+        )
 
 
 class StopAfterEpoch(L.Callback):
@@ -70,16 +84,22 @@ class StopAfterEpoch(L.Callback):
 
 
 def fit(cfg, *callbacks):
-    from cifar_amp.train import build_datamodule
-    from cifar_amp.module import ImageClassifier
     from hydra.utils import instantiate
+
+    from cifar_amp.module import ImageClassifier
+    from cifar_amp.train import build_datamodule
 
     L.seed_everything(cfg.seed)
     dm = build_datamodule(cfg)
-    module = ImageClassifier(cfg.model, 10, optimizer=instantiate(cfg.module.optimizer), scheduler=None)
+    module = ImageClassifier(
+        cfg.model, 10, optimizer=instantiate(cfg.module.optimizer), scheduler=None
+    )
     trainer = L.Trainer(
-        **cfg.trainer.kwargs(), **precision.trainer_kwargs(cfg.precision, cfg.trainer), logger=False,
-        callbacks=list(callbacks), enable_checkpointing=False,
+        **cfg.trainer.kwargs(),
+        **precision.trainer_kwargs(cfg.precision, cfg.trainer),
+        logger=False,
+        callbacks=list(callbacks),
+        enable_checkpointing=False,
     )
     trainer.fit(module, datamodule=dm)
     return trainer, module
@@ -87,30 +107,47 @@ def fit(cfg, *callbacks):
 
 def test_fp16_overflow_skips_the_step_and_backs_off_the_scale(make_cfg):
     # A scale this large overflows float16 gradients on the first backward.
-    cfg = make_cfg("precision=16-mixed", "precision.scaler.init_scale=1e30", "trainer.limit_train_batches=1",
-                   "trainer.limit_val_batches=0")
+    cfg = make_cfg(
+        "precision=16-mixed",
+        "precision.scaler.init_scale=1e30",
+        "trainer.limit_train_batches=1",
+        "trainer.limit_val_batches=0",
+    )
     rec = Recorder()
     trainer, module = fit(cfg, rec)
     scaler = trainer.precision_plugin.scaler
     assert scaler.get_scale() == pytest.approx(0.5e30)
     after = module.state_dict()
-    assert all(torch.equal(rec.before[k], after[k]) for k in rec.before if "net." in k)  # step skipped
+    assert all(
+        torch.equal(rec.before[k], after[k]) for k in rec.before if "net." in k
+    )  # step skipped
 
 
 def test_fp16_without_overflow_steps_and_keeps_the_scale(make_cfg):
-    cfg = make_cfg("precision=16-mixed", "precision.scaler.init_scale=256", "trainer.limit_train_batches=1",
-                   "trainer.limit_val_batches=0")
+    cfg = make_cfg(
+        "precision=16-mixed",
+        "precision.scaler.init_scale=256",
+        "trainer.limit_train_batches=1",
+        "trainer.limit_val_batches=0",
+    )
     rec = Recorder()
     trainer, module = fit(cfg, rec)
     assert trainer.precision_plugin.scaler.get_scale() == 256
-    assert not torch.equal(rec.before["net.head.3.weight"], module.state_dict()["net.head.3.weight"])
+    assert not torch.equal(
+        rec.before["net.head.3.weight"], module.state_dict()["net.head.3.weight"]
+    )
 
 
 def test_clipping_acts_on_unscaled_gradients(make_cfg):
     clip, recs = 1e-3, {}
     for prec in ("32-true", "16-mixed"):
-        cfg = make_cfg(f"precision={prec}", "precision.scaler.init_scale=4096", f"trainer.gradient_clip_val={clip}",
-                       "trainer.limit_train_batches=3", "trainer.limit_val_batches=0")
+        cfg = make_cfg(
+            f"precision={prec}",
+            "precision.scaler.init_scale=4096",
+            f"trainer.gradient_clip_val={clip}",
+            "trainer.limit_train_batches=3",
+            "trainer.limit_val_batches=0",
+        )
         recs[prec] = Recorder()
         fit(cfg, recs[prec])
     fp32, fp16 = recs["32-true"], recs["16-mixed"]
@@ -124,17 +161,33 @@ def test_clipping_acts_on_unscaled_gradients(make_cfg):
 
 def test_resume_restores_everything_and_matches_an_uninterrupted_run(make_cfg, tmp_path):
     # a scale that overflows at first, so the scaler backs off: its state then matters
-    common = ("precision=16-mixed", "precision.scaler.init_scale=16777216", "trainer.deterministic=true")
+    common = (
+        "precision=16-mixed",
+        "precision.scaler.init_scale=16777216",
+        "trainer.deterministic=true",
+    )
     full = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/full")
     train(full)
     # the same run, stopped after its first epoch (as if killed then), resumed from last.ckpt
-    interrupted = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/part",
-                           "+callbacks.stop._target_=test_train.StopAfterEpoch")
+    interrupted = make_cfg(
+        *common,
+        "trainer.max_epochs=3",
+        f"run_dir={tmp_path}/part",
+        "+callbacks.stop._target_=test_train.StopAfterEpoch",
+    )
     train(interrupted)
     stopped = torch.load(tmp_path / "part/checkpoints/last.ckpt", weights_only=True)
-    assert 0 < stopped["global_step"] < torch.load(tmp_path / "full/checkpoints/last.ckpt", weights_only=True)["global_step"]
-    resumed = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/part",
-                       f"ckpt_path={tmp_path}/part/checkpoints/last.ckpt")
+    assert (
+        0
+        < stopped["global_step"]
+        < torch.load(tmp_path / "full/checkpoints/last.ckpt", weights_only=True)["global_step"]
+    )
+    resumed = make_cfg(
+        *common,
+        "trainer.max_epochs=3",
+        f"run_dir={tmp_path}/part",
+        f"ckpt_path={tmp_path}/part/checkpoints/last.ckpt",
+    )
     r = train(resumed)
     a = torch.load(tmp_path / "full/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "part/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
@@ -145,16 +198,24 @@ def test_resume_restores_everything_and_matches_an_uninterrupted_run(make_cfg, t
     assert b["MixedPrecision"]["scale"] < 16777216
     assert a["lr_schedulers"] == b["lr_schedulers"]
     assert torch.equal(
-        a["optimizer_states"][0]["state"][0]["momentum_buffer"], b["optimizer_states"][0]["state"][0]["momentum_buffer"]
+        a["optimizer_states"][0]["state"][0]["momentum_buffer"],
+        b["optimizer_states"][0]["state"][0]["momentum_buffer"],
     )
 
 
 def test_same_seed_repeats_exactly_and_another_seed_does_not(make_cfg, tmp_path):
-    runs = [train(make_cfg("trainer.deterministic=true", f"seed={s}", f"run_dir={tmp_path}/{i}"))
-            for i, s in enumerate((5, 5, 6))]
+    runs = [
+        train(make_cfg("trainer.deterministic=true", f"seed={s}", f"run_dir={tmp_path}/{i}"))
+        for i, s in enumerate((5, 5, 6))
+    ]
     w = [weights(tmp_path / f"{i}/checkpoints/last.ckpt") for i in range(3)]
     assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
-    timing = (metrics.FIT_SECONDS, "tested_ckpt", metrics.IMAGES_PER_SEC, metrics.PEAK_MEMORY_MB)  # vary run to run
+    timing = (
+        metrics.FIT_SECONDS,
+        "tested_ckpt",
+        metrics.IMAGES_PER_SEC,
+        metrics.PEAK_MEMORY_MB,
+    )  # vary run to run
     same = lambda r: {k: v for k, v in r.items() if k not in timing}  # noqa: E731
     assert same(runs[0]) == same(runs[1])
     assert not all(torch.equal(w[0][k], w[2][k]) for k in w[0])
@@ -186,7 +247,9 @@ def test_channels_last_reaches_weights_and_batches(make_cfg):
 
 @pytest.mark.slow
 def test_compiled_network_trains_and_saves_plain_keys(make_cfg, tmp_path):
-    result = train(make_cfg("module.compile=true", "trainer.max_epochs=1", "trainer.limit_train_batches=2"))
+    result = train(
+        make_cfg("module.compile=true", "trainer.max_epochs=1", "trainer.limit_train_batches=2")
+    )
     keys = weights(tmp_path / "checkpoints" / "last.ckpt").keys()
     assert not any("_orig_mod" in k for k in keys)  # loads into an uncompiled network too
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0

@@ -227,7 +227,11 @@ class EvalConfig:
         self.data.validate()
         self.precision.validate()
         self.trainer.validate()
-        _check(bool(self.ckpt_path), "ckpt_path", "required, e.g. ckpt_path=<run>/checkpoints/last.ckpt")
+        _check(
+            bool(self.ckpt_path),
+            "ckpt_path",
+            "required, e.g. ckpt_path=<run>/checkpoints/last.ckpt",
+        )
 
 
 def to_object(cfg: DictConfig):
@@ -277,7 +281,9 @@ def register() -> None:
         OmegaConf.register_new_resolver("metric", metrics.resolve)
     if not OmegaConf.has_resolver("sqlite"):
         OmegaConf.register_new_resolver("sqlite", sqlite_url)
-    if not OmegaConf.has_resolver("run_id"):  # configs/hydra: runs started in the same second differ
+    if not OmegaConf.has_resolver(
+        "run_id"
+    ):  # configs/hydra: runs started in the same second differ
         OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
 
 

@@ -45,10 +45,20 @@ def check_group_choices(argv: list[str], config_dir: Path) -> None:
     for arg in argv:
         key, sep, value = arg.partition("=")
         group = config_dir / key.lstrip("+")
-        if not sep or "." in key or "/" in key or key.startswith("~") or not group.is_dir() or "(" in value:
+        if (
+            not sep
+            or "." in key
+            or "/" in key
+            or key.startswith("~")
+            or not group.is_dir()
+            or "(" in value
+        ):
             continue
         valid = sorted(p.stem for p in group.glob("*.yaml"))
         for choice in value.split(","):
             if choice not in valid and choice != "null":
-                print(f"error: {key}={choice} is not an option; valid: {', '.join(valid)}", file=sys.stderr)
+                print(
+                    f"error: {key}={choice} is not an option; valid: {', '.join(valid)}",
+                    file=sys.stderr,
+                )
                 sys.exit(EXIT_CODE)

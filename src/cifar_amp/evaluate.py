@@ -15,7 +15,14 @@ from cifar_amp.config import EvalConfig
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
 from cifar_amp.reliability import preflight
-from cifar_amp.train import _instantiate, build_datamodule, build_trainer, check_ckpt, save_resolved_config, write_json
+from cifar_amp.train import (
+    _instantiate,
+    build_datamodule,
+    build_trainer,
+    check_ckpt,
+    save_resolved_config,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +41,9 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg, callbacks=[], loggers=loggers)
     trainer.test(module, datamodule=dm)
     result = {k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
-    result.update({metrics.PRECISION: cfg.precision.name, "ckpt_path": str(Path(cfg.ckpt_path).resolve())})
+    result.update(
+        {metrics.PRECISION: cfg.precision.name, "ckpt_path": str(Path(cfg.ckpt_path).resolve())}
+    )
     write_json(Path(cfg.run_dir) / "metrics.json", result)
     log.info("Results: %s", json.dumps(result))
     return result

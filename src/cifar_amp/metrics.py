@@ -11,10 +11,14 @@ TEST_ACC = "test/acc"
 
 # Precision diagnostics (callbacks/precision_diagnostics.py), logged once per epoch.
 SCALE = "precision/scale"  # GradScaler scale at epoch end (16-mixed only)
-SKIPPED_STEPS = "precision/skipped_steps"  # optimizer steps skipped for inf/nan grads, since fit start
+SKIPPED_STEPS = (
+    "precision/skipped_steps"  # optimizer steps skipped for inf/nan grads, since fit start
+)
 GRAD_NORM = "precision/grad_norm"  # mean L2 norm of the unscaled gradients before clipping
 GRAD_NORM_MAX = "precision/grad_norm_max"
-CLIP_FRACTION = "precision/clip_fraction"  # fraction of optimizer steps whose gradients clipping changed
+CLIP_FRACTION = (
+    "precision/clip_fraction"  # fraction of optimizer steps whose gradients clipping changed
+)
 PEAK_MEMORY_MB = "perf/peak_memory_mb"  # GPU: max allocated in the epoch; CPU: process peak RSS
 IMAGES_PER_SEC = "perf/images_per_sec"  # training images per second of the epoch's training loop
 

@@ -6,8 +6,8 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from lightning import LightningModule
 from hydra.utils import instantiate
+from lightning import LightningModule
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -15,7 +15,11 @@ from torchmetrics.classification import MulticlassAccuracy
 from cifar_amp import metrics as M
 from cifar_amp import tta as TTA
 
-NAMES = {"train": (M.TRAIN_LOSS, M.TRAIN_ACC), "val": (M.VAL_LOSS, M.VAL_ACC), "test": (M.TEST_LOSS, M.TEST_ACC)}
+NAMES = {
+    "train": (M.TRAIN_LOSS, M.TRAIN_ACC),
+    "val": (M.VAL_LOSS, M.VAL_ACC),
+    "test": (M.TEST_LOSS, M.TEST_ACC),
+}
 
 
 class ImageClassifier(LightningModule):
@@ -52,7 +56,11 @@ class ImageClassifier(LightningModule):
         # validate_args and the NaN check would read tensors on the host at every step
         # (a device sync per step); labels come from our loader and the loss is finite.
         for stage in NAMES:
-            setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
+            setattr(
+                self,
+                f"{stage}_acc",
+                MulticlassAccuracy(num_classes, average="micro", validate_args=False),
+            )
             setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # survives a resume
@@ -109,4 +117,7 @@ class ImageClassifier(LightningModule):
         if getattr(self.scheduler_factory, "func", None) is torch.optim.lr_scheduler.OneCycleLR:
             kwargs["total_steps"] = self.trainer.estimated_stepping_batches
         scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

@@ -53,7 +53,8 @@ def describe(trainer) -> str:
         if not sc.is_enabled():
             return text + ", GradScaler disabled"
         return (
-            text + f", GradScaler(init_scale={sc.get_scale():g}, growth_factor={sc.get_growth_factor():g}, "
+            text
+            + f", GradScaler(init_scale={sc.get_scale():g}, growth_factor={sc.get_growth_factor():g}, "
             f"backoff_factor={sc.get_backoff_factor():g}, growth_interval={sc.get_growth_interval()})"
         )
     return f"{trainer.precision}: {name}, no autocast, no GradScaler"

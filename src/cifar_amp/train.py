@@ -57,7 +57,9 @@ def build_module(cfg, num_classes: int) -> ImageClassifier:
         net=cfg.model,
         num_classes=num_classes,
         optimizer=_instantiate(cfg.module.optimizer, "module.optimizer"),
-        scheduler=_instantiate(cfg.module.scheduler, "module.scheduler") if cfg.module.scheduler else None,
+        scheduler=_instantiate(cfg.module.scheduler, "module.scheduler")
+        if cfg.module.scheduler
+        else None,
         label_smoothing=cfg.module.label_smoothing,
         channels_last=cfg.module.channels_last,
         compile=cfg.module.compile,
@@ -134,7 +136,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if not ckpt:
             log.warning("No best checkpoint (no validation?): testing the final weights")
         trainer.test(module, datamodule=dm, ckpt_path=ckpt or None)
-        result.update({k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)})
+        result.update(
+            {k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
+        )
         result["tested_ckpt"] = ckpt or None
     write_json(Path(cfg.run_dir) / "metrics.json", result)
     log.info("Results: %s", json.dumps(result))
@@ -150,4 +154,3 @@ def main(cfg: DictConfig) -> float | None:
         result = train(obj)
         value = result.get(obj.optimized_metric)
         return None if value is None else float(value)
-

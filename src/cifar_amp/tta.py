@@ -27,7 +27,9 @@ def views(x: Tensor, shift: int) -> list[Tensor]:
     return [translate(x, -s, shift), translate(x, s, shift)]
 
 
-def predict(net: Callable[[Tensor], Tensor], x: Tensor, mode: str = "none", shift: int = 1) -> Tensor:
+def predict(
+    net: Callable[[Tensor], Tensor], x: Tensor, mode: str = "none", shift: int = 1
+) -> Tensor:
     """Logits of `net` on `x` (N, C, H, W) averaged over the views of `mode` (see above)."""
     if mode == "none":
         return net(x)

@@ -19,7 +19,12 @@ from cifar_amp import metrics
 from cifar_amp.bench import report
 from cifar_amp.errors import UserError, reported
 
-DEFAULT_CHART = (metrics.TEST_ACC, metrics.VAL_ACC_BEST, metrics.IMAGES_PER_SEC, metrics.PEAK_MEMORY_MB)
+DEFAULT_CHART = (
+    metrics.TEST_ACC,
+    metrics.VAL_ACC_BEST,
+    metrics.IMAGES_PER_SEC,
+    metrics.PEAK_MEMORY_MB,
+)
 
 
 def _job_key(path: Path):
@@ -29,19 +34,27 @@ def _job_key(path: Path):
 def collect(sweep_dir: Path) -> list[dict]:
     """[{"job", "overrides": {key: value}, "metrics": {...} or None}] in job order."""
     if not sweep_dir.is_dir():
-        raise UserError(f"{sweep_dir}: no such directory (give a multirun dir, e.g. logs/train/multiruns/<time>)")
+        raise UserError(
+            f"{sweep_dir}: no such directory (give a multirun dir, e.g. logs/train/multiruns/<time>)"
+        )
     jobs = []
-    for overrides in sorted(sweep_dir.glob("**/.hydra/overrides.yaml"), key=lambda p: _job_key(p.parent.parent)):
+    for overrides in sorted(
+        sweep_dir.glob("**/.hydra/overrides.yaml"), key=lambda p: _job_key(p.parent.parent)
+    ):
         job = overrides.parent.parent
         pairs = [str(o).lstrip("+~").split("=", 1) for o in OmegaConf.load(overrides)]
         found = job / "metrics.json"
-        jobs.append({
-            "job": str(job.relative_to(sweep_dir)),
-            "overrides": {p[0]: p[1] if len(p) > 1 else "" for p in pairs},
-            "metrics": json.loads(found.read_text()) if found.is_file() else None,
-        })
+        jobs.append(
+            {
+                "job": str(job.relative_to(sweep_dir)),
+                "overrides": {p[0]: p[1] if len(p) > 1 else "" for p in pairs},
+                "metrics": json.loads(found.read_text()) if found.is_file() else None,
+            }
+        )
     if not any(j["metrics"] is not None for j in jobs):
-        raise UserError(f"{sweep_dir}: no job with .hydra/overrides.yaml and metrics.json (did the sweep run?)")
+        raise UserError(
+            f"{sweep_dir}: no job with .hydra/overrides.yaml and metrics.json (did the sweep run?)"
+        )
     return jobs
 
 
@@ -49,15 +62,29 @@ def table(jobs: list[dict]) -> tuple[list[str], list[list], list[str], dict[str,
     """Columns, rows, the overrides that vary between jobs and those common to all."""
     keys = list(dict.fromkeys(k for j in jobs for k in j["overrides"]))
     varying = [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
-    common = {k: jobs[0]["overrides"][k] for k in keys if k not in varying and k in jobs[0]["overrides"]}
-    numeric = list(dict.fromkeys(
-        k for j in jobs for k, v in (j["metrics"] or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-    ))
+    common = {
+        k: jobs[0]["overrides"][k] for k in keys if k not in varying and k in jobs[0]["overrides"]
+    }
+    numeric = list(
+        dict.fromkeys(
+            k
+            for j in jobs
+            for k, v in (j["metrics"] or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
+    )
     rows = []
     for j in jobs:
         m = j["metrics"]
         status = "ok" if m is not None else "no metrics.json"
-        rows.append([j["job"], *(j["overrides"].get(k) for k in varying), *((m or {}).get(k) for k in numeric), status])
+        rows.append(
+            [
+                j["job"],
+                *(j["overrides"].get(k) for k in varying),
+                *((m or {}).get(k) for k in numeric),
+                status,
+            ]
+        )
     return ["job", *varying, *numeric, "status"], rows, varying, common
 
 
@@ -66,14 +93,20 @@ def write(sweep_dir: Path, chart_metrics: list[str] | None = None) -> list[dict]
     columns, rows, varying, common = table(jobs)
     common_text = ", ".join(f"`{k}={v}`" for k, v in common.items()) or "none"
     (sweep_dir / "aggregate.md").write_text(
-        f"# Sweep {sweep_dir}\n\n{len(jobs)} jobs; overrides common to all: {common_text}\n\n" + report.markdown(columns, rows)
+        f"# Sweep {sweep_dir}\n\n{len(jobs)} jobs; overrides common to all: {common_text}\n\n"
+        + report.markdown(columns, rows)
     )
     report.write_csv(sweep_dir / "aggregate.csv", columns, rows)
     wanted = chart_metrics or [m for m in DEFAULT_CHART if m in columns]
     missing = [m for m in wanted if m not in columns]
     if missing:
-        raise UserError(f"--metrics {','.join(missing)}: not in any job's metrics.json; there are: {', '.join(columns)}")
-    labels = [" ".join(f"{k}={v}" for k, v in zip(varying, row[1:])) or row[0] for row in rows]
+        raise UserError(
+            f"--metrics {','.join(missing)}: not in any job's metrics.json; there are: {', '.join(columns)}"
+        )
+    labels = [
+        " ".join(f"{k}={v}" for k, v in zip(varying, row[1:], strict=False)) or row[0]
+        for row in rows
+    ]
     panels = [(m, {m: [row[columns.index(m)] for row in rows]}) for m in wanted]
     if panels:
         report.grouped_bars(sweep_dir / "aggregate.png", labels, panels)
@@ -81,9 +114,14 @@ def write(sweep_dir: Path, chart_metrics: list[str] | None = None) -> list[dict]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cifar_amp.bench.aggregate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m cifar_amp.bench.aggregate", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory")
-    parser.add_argument("--metrics", help="comma-separated metrics.json keys to chart (default: accuracy, speed, memory)")
+    parser.add_argument(
+        "--metrics",
+        help="comma-separated metrics.json keys to chart (default: accuracy, speed, memory)",
+    )
     args = parser.parse_args(argv)
     with reported():
         write(args.sweep_dir, args.metrics.split(",") if args.metrics else None)

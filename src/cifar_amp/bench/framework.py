@@ -54,15 +54,24 @@ class Clock(L.Callback):
         self.seconds = time.perf_counter() - self.start
 
 
-def make_data(n: int, device: torch.device, batch_size: int, seed: int, channels_last: bool) -> DeviceBatches:
+def make_data(
+    n: int, device: torch.device, batch_size: int, seed: int, channels_last: bool
+) -> DeviceBatches:
     g = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g).to(device)
     labels = torch.randint(0, 10, (n,), generator=g).to(device)
     spec = SPECS["cifar10"]
     augment = AugmentConfig(flip=True, alternate_flip=True, translate=2)
     return DeviceBatches(
-        images, labels, batch_size, torch.tensor(spec.mean), torch.tensor(spec.std),
-        train=True, augment_cfg=augment, seed=seed, channels_last=channels_last,
+        images,
+        labels,
+        batch_size,
+        torch.tensor(spec.mean),
+        torch.tensor(spec.std),
+        train=True,
+        augment_cfg=augment,
+        seed=seed,
+        channels_last=channels_last,
     )
 
 
@@ -80,7 +89,9 @@ def make_module(args) -> ImageClassifier:
     )
 
 
-def run_lightning(module: ImageClassifier, loader: DeviceBatches, args, device: torch.device) -> float:
+def run_lightning(
+    module: ImageClassifier, loader: DeviceBatches, args, device: torch.device
+) -> float:
     clock = Clock(device)
     tcfg = TrainerConfig(accelerator=device.type, devices=1)
     trainer = L.Trainer(
@@ -108,20 +119,26 @@ def run_plain(module: ImageClassifier, loader: DeviceBatches, args, device: torc
     scheduler = module.scheduler_factory(optimizer=optimizer, total_steps=args.epochs * len(loader))
     sync(device)
     start = time.perf_counter()
-    reference_loop.fit(net, loader, optimizer, scheduler, args.epochs, args.precision, args.label_smoothing)
+    reference_loop.fit(
+        net, loader, optimizer, scheduler, args.epochs, args.precision, args.label_smoothing
+    )
     sync(device)
     return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--n-images", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--widths", default="16,32,64", help="SpeedNet widths, comma-separated")
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per loop, alternating")
-    ap.add_argument("--precision", default="32-true", choices=sorted(reference_loop.AUTOCAST) + ["32-true"])
+    ap.add_argument(
+        "--precision", default="32-true", choices=sorted(reference_loop.AUTOCAST) + ["32-true"]
+    )
     ap.add_argument("--lr", type=float, default=0.2)
     ap.add_argument("--label-smoothing", type=float, default=0.2)
     ap.add_argument("--channels-last", action="store_true")

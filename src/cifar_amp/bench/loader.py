@@ -53,7 +53,9 @@ def epoch_seconds(loader, device: torch.device, epoch: int) -> tuple[float, int]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data-dir", required=True, help="folder holding cifar-10-batches-py/")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch-size", type=int, default=512)
@@ -64,7 +66,10 @@ def main(argv: list[str] | None = None) -> dict:
     spec = SPECS["cifar10"]
 
     dm = CIFARDataModule(
-        data_dir=args.data_dir, download=False, batch_size=args.batch_size, val_split=0.0,
+        data_dir=args.data_dir,
+        download=False,
+        batch_size=args.batch_size,
+        val_split=0.0,
         augment=AugmentConfig(flip=True, translate=4),
     )
     dm.setup("fit")
@@ -74,16 +79,22 @@ def main(argv: list[str] | None = None) -> dict:
     tv = UncheckedCIFAR10(
         str(find_folder(args.data_dir, spec).parent),
         train=True,
-        transform=transforms.Compose([
-            transforms.RandomCrop(32, padding=4),
-            transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize(spec.mean, spec.std),
-        ]),
+        transform=transforms.Compose(
+            [
+                transforms.RandomCrop(32, padding=4),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                transforms.Normalize(spec.mean, spec.std),
+            ]
+        ),
     )
     theirs = DataLoader(
-        tv, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-        pin_memory=device.type == "cuda", drop_last=True,
+        tv,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
     )
     loaders = {"template": ours, "torchvision": theirs}
     times: dict[str, list[float]] = {k: [] for k in loaders}

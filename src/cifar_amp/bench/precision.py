@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import hydra
-from hydra.utils import instantiate
 import torch
 from hydra.core.config_store import ConfigStore
+from hydra.utils import instantiate
 from lightning import Callback
 from lightning.pytorch.tuner import Tuner
 from lightning.pytorch.utilities import rank_zero_only
@@ -39,8 +39,12 @@ STEP_TIMES = "step_times.json"
 
 @dataclass
 class BenchConfig(TrainConfig):
-    modes: list = field(default_factory=lambda: ["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"])
-    checkpointing: list = field(default_factory=lambda: [0, 1])  # model.activation_checkpointing values
+    modes: list = field(
+        default_factory=lambda: ["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
+    )
+    checkpointing: list = field(
+        default_factory=lambda: [0, 1]
+    )  # model.activation_checkpointing values
     warmup_steps: int = 5  # first training steps of each case left out of the step-time median
     # Modes also run (checkpointing off) without PrecisionDiagnostics, to show what it costs.
     overhead_modes: list = field(default_factory=lambda: ["32-true", "16-mixed"])
@@ -55,7 +59,11 @@ class BenchConfig(TrainConfig):
             bad = [m for m in getattr(self, key) if m not in PRECISIONS]
             _check(not bad, key, f"{bad}; valid: {PRECISIONS}")
         _check(bool(self.modes), "modes", "at least one precision mode")
-        _check(bool(self.checkpointing) and all(k >= 0 for k in self.checkpointing), "checkpointing", "values >= 0")
+        _check(
+            bool(self.checkpointing) and all(k >= 0 for k in self.checkpointing),
+            "checkpointing",
+            "values >= 0",
+        )
         _check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         _check(self.batch_size_trials >= 1, "batch_size_trials", "must be >= 1")
 
@@ -94,7 +102,11 @@ def largest_batch(cfg: TrainConfig, trials: int) -> int:
     dm = build_datamodule(cfg)
     trainer = build_trainer(cfg, callbacks=[], loggers=[])
     return Tuner(trainer).scale_batch_size(
-        build_module(cfg, dm.num_classes), datamodule=dm, mode="binsearch", init_val=cfg.data.batch_size, max_trials=trials
+        build_module(cfg, dm.num_classes),
+        datamodule=dm,
+        mode="binsearch",
+        init_val=cfg.data.batch_size,
+        max_trials=trials,
     )
 
 
@@ -110,7 +122,11 @@ def cannot_run(cfg: TrainConfig) -> str | None:
         with plugin.forward_context():
             out = net(x)
         out.float().sum().backward()
-    except (RuntimeError, NotImplementedError, TypeError) as e:  # e.g. an op without a kernel for the dtype
+    except (
+        RuntimeError,
+        NotImplementedError,
+        TypeError,
+    ) as e:  # e.g. an op without a kernel for the dtype
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return f"{type(e).__name__}: {first}"[:160]
     return None
@@ -152,7 +168,9 @@ def _run(fn, *args, isolate: bool):
 def run(cfg: DictConfig) -> list[dict]:
     bench: BenchConfig = config.to_object(cfg)
     # Unresolved, so that `${run_dir}/...` paths follow each case's own run_dir.
-    base = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k not in BENCH_KEYS}
+    base = {
+        k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k not in BENCH_KEYS
+    }
     base["callbacks"]["step_timer"] = {"_target_": f"{__name__}.StepTimer"}
     out_dir = Path(bench.run_dir)
     cuda = precision.device_type(bench.trainer) == "cuda"
@@ -169,10 +187,23 @@ def run(cfg: DictConfig) -> list[dict]:
             case["callbacks"].pop("precision_diagnostics", None)
         log.info("Case %s, activation_checkpointing=%d, diagnostics=%s", mode, every, diagnostics)
         case = OmegaConf.to_container(OmegaConf.create(case), resolve=True)
-        res = _run(run_case, case, bench.warmup_steps, finder if diagnostics and every == 0 else 0, isolate=bench.isolate)
+        res = _run(
+            run_case,
+            case,
+            bench.warmup_steps,
+            finder if diagnostics and every == 0 else 0,
+            isolate=bench.isolate,
+        )
         rows.append({"mode": mode, "checkpointing": every, "diagnostics": diagnostics, **res})
     (out_dir / "bench_precision.json").write_text(json.dumps(rows, indent=2) + "\n")
-    write_report(rows, bench, cfg.model._target_.rsplit(".", 1)[-1], out_dir, "cuda" if cuda else "cpu", finder_note=None if cuda else "CPU: not run (no device memory limit to find)")
+    write_report(
+        rows,
+        bench,
+        cfg.model._target_.rsplit(".", 1)[-1],
+        out_dir,
+        "cuda" if cuda else "cpu",
+        finder_note=None if cuda else "CPU: not run (no device memory limit to find)",
+    )
     return rows
 
 
@@ -180,27 +211,58 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def write_report(rows: list[dict], bench: BenchConfig, model: str, out_dir: Path, device: str, finder_note: str | None) -> None:
+def write_report(
+    rows: list[dict],
+    bench: BenchConfig,
+    model: str,
+    out_dir: Path,
+    device: str,
+    finder_note: str | None,
+) -> None:
     main = [r for r in rows if r["diagnostics"]]
     ref = {r["checkpointing"]: r for r in main if r["mode"] == "32-true" and "skipped" not in r}
     plain = {r["mode"]: r for r in main if r["checkpointing"] == 0}
-    cols = ["mode", "act. ckpt", "median step (ms)", "images/s", "speed vs 32-true", "peak mem (MB)",
-            "mem vs 32-true", "step vs no ckpt", "mem vs no ckpt", "test acc", "skipped steps", "note"]
+    cols = [
+        "mode",
+        "act. ckpt",
+        "median step (ms)",
+        "images/s",
+        "speed vs 32-true",
+        "peak mem (MB)",
+        "mem vs 32-true",
+        "step vs no ckpt",
+        "mem vs no ckpt",
+        "test acc",
+        "skipped steps",
+        "note",
+    ]
     table = []
     for r in main:
         if "skipped" in r:
             table.append([r["mode"], r["checkpointing"], *[None] * 9, f"skipped: {r['skipped']}"])
             continue
         r32, r0 = ref.get(r["checkpointing"], {}), plain.get(r["mode"], {})
-        table.append([
-            r["mode"], r["checkpointing"], r["step_ms"], r["images_per_sec"],
-            _ratio(r["images_per_sec"], r32.get("images_per_sec")), r["peak_memory_mb"],
-            _ratio(r["peak_memory_mb"], r32.get("peak_memory_mb")),
-            _ratio(r["step_ms"], r0.get("step_ms")) if r["checkpointing"] else None,
-            _ratio(r["peak_memory_mb"], r0.get("peak_memory_mb")) if r["checkpointing"] else None,
-            r["test_acc"], r["skipped_steps"], f"max batch {r['max_batch_size']}" if "max_batch_size" in r else "",
-        ])
-    mem = "torch.cuda.max_memory_allocated" if device == "cuda" else "peak RSS of the case's process"
+        table.append(
+            [
+                r["mode"],
+                r["checkpointing"],
+                r["step_ms"],
+                r["images_per_sec"],
+                _ratio(r["images_per_sec"], r32.get("images_per_sec")),
+                r["peak_memory_mb"],
+                _ratio(r["peak_memory_mb"], r32.get("peak_memory_mb")),
+                _ratio(r["step_ms"], r0.get("step_ms")) if r["checkpointing"] else None,
+                _ratio(r["peak_memory_mb"], r0.get("peak_memory_mb"))
+                if r["checkpointing"]
+                else None,
+                r["test_acc"],
+                r["skipped_steps"],
+                f"max batch {r['max_batch_size']}" if "max_batch_size" in r else "",
+            ]
+        )
+    mem = (
+        "torch.cuda.max_memory_allocated" if device == "cuda" else "peak RSS of the case's process"
+    )
     text = [
         f"# Precision benchmark: {model}, batch {bench.data.batch_size}, {device}\n",
         f"Median step time over each case's training steps after the first {bench.warmup_steps}; "
@@ -210,13 +272,25 @@ def write_report(rows: list[dict], bench: BenchConfig, model: str, out_dir: Path
     ]
     if finder_note:
         text.append(f"\nLargest batch size per mode: {finder_note}.\n")
-    over = [(r, plain.get(r["mode"], {})) for r in rows if not r["diagnostics"] and "skipped" not in r]
+    over = [
+        (r, plain.get(r["mode"], {})) for r in rows if not r["diagnostics"] and "skipped" not in r
+    ]
     if over:
         text.append("\n## PrecisionDiagnostics overhead\n\n")
-        text.append(report.markdown(
-            ["mode", "step with (ms)", "step without (ms)", "ratio with/without"],
-            [[r["mode"], w.get("step_ms"), r["step_ms"], _ratio(w.get("step_ms"), r["step_ms"])] for r, w in over],
-        ))
+        text.append(
+            report.markdown(
+                ["mode", "step with (ms)", "step without (ms)", "ratio with/without"],
+                [
+                    [
+                        r["mode"],
+                        w.get("step_ms"),
+                        r["step_ms"],
+                        _ratio(w.get("step_ms"), r["step_ms"]),
+                    ]
+                    for r, w in over
+                ],
+            )
+        )
     (out_dir / "bench_precision.md").write_text("".join(text))
     modes = list(dict.fromkeys(r["mode"] for r in main))
     by = {(r["mode"], r["checkpointing"]): r for r in main if "skipped" not in r}

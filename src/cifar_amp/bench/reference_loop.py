@@ -33,7 +33,9 @@ def fit(
     device = next(net.parameters()).device
     dtype = AUTOCAST.get(precision)
     if precision not in ("32-true", *AUTOCAST):
-        raise ValueError(f"precision {precision!r}: the reference loop supports 32-true, 16-mixed, bf16-mixed")
+        raise ValueError(
+            f"precision {precision!r}: the reference loop supports 32-true, 16-mixed, bf16-mixed"
+        )
     if precision == "16-mixed" and scaler is None:
         scaler = torch.amp.GradScaler(device.type)
     history = []
@@ -61,5 +63,7 @@ def fit(
             loss_sum += loss.detach() * len(y)
             correct += (logits.detach().argmax(1) == y).sum()
             seen += len(y)
-        history.append(((loss_sum / max(seen, 1)).item(), (correct / max(seen, 1)).item()))  # one sync per epoch
+        history.append(
+            ((loss_sum / max(seen, 1)).item(), (correct / max(seen, 1)).item())
+        )  # one sync per epoch
     return history

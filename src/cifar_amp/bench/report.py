@@ -41,14 +41,18 @@ def grouped_bars(
     reference_line: float | None = None,
 ) -> None:
     """One panel per (title, {series: one value per category}); missing values draw no bar."""
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6, 1.3 * len(categories)), 3.2 * len(panels)), squeeze=False)
-    for ax, (title, series) in zip(axes[:, 0], panels):
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(max(6, 1.3 * len(categories)), 3.2 * len(panels)), squeeze=False
+    )
+    for ax, (title, series) in zip(axes[:, 0], panels, strict=False):
         width = 0.8 / max(1, len(series))
         for i, (label, values) in enumerate(series.items()):
             xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(categories))]
             ys = [math.nan if v is None else v for v in values]
             bars = ax.bar(xs, ys, width, label=label)
-            ax.bar_label(bars, labels=[fmt(v, 2) if v is not None else "" for v in values], fontsize=7)
+            ax.bar_label(
+                bars, labels=[fmt(v, 2) if v is not None else "" for v in values], fontsize=7
+            )
         if reference_line is not None:
             ax.axhline(reference_line, color="grey", lw=0.8, ls="--")
         ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right", fontsize=8)

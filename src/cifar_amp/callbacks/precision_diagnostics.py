@@ -62,21 +62,30 @@ class PrecisionDiagnostics(Callback):
             values[dtype] += p.numel()
         rank_zero_info(
             "Parameter dtypes: "
-            + ", ".join(f"{d}: {n} tensors ({values[d] / 1e6:.2f}M values)" for d, n in sorted(tensors.items()))
+            + ", ".join(
+                f"{d}: {n} tensors ({values[d] / 1e6:.2f}M values)"
+                for d, n in sorted(tensors.items())
+            )
         )
         clip = trainer.gradient_clip_val
         rank_zero_info(
-            f"Gradient clipping: by {trainer.gradient_clip_algorithm} at {clip}" if clip else "Gradient clipping: off"
+            f"Gradient clipping: by {trainer.gradient_clip_algorithm} at {clip}"
+            if clip
+            else "Gradient clipping: off"
         )
         self._probe_pending = self.probe_images > 0
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
+    ) -> None:
         # Probe on the first real batch: iterating the training loader ourselves would move
         # its position (part of the checkpoint) and break an exact resume.
         if self._probe_pending:
             self._probe_pending = False
             dtypes = self._probe(trainer, pl_module, batch[0][: self.probe_images])
-            rank_zero_info(f"Autocast output dtypes (probe of {self.probe_images} images): {dtypes}")
+            rank_zero_info(
+                f"Autocast output dtypes (probe of {self.probe_images} images): {dtypes}"
+            )
 
     def _probe(self, trainer: Trainer, pl_module: LightningModule, x: Tensor) -> str:
         seen: dict[str, set[str]] = defaultdict(set)
@@ -107,7 +116,12 @@ class PrecisionDiagnostics(Callback):
 
     def _reset_epoch(self, pl_module: LightningModule) -> None:
         zero = torch.zeros((), device=pl_module.device)
-        self._norm_sum, self._norm_max, self._finite, self._clipped = zero.clone(), zero.clone(), zero.clone(), zero.clone()
+        self._norm_sum, self._norm_max, self._finite, self._clipped = (
+            zero.clone(),
+            zero.clone(),
+            zero.clone(),
+            zero.clone(),
+        )
         self._steps = self._images = 0  # host counters: known without asking the device
         self._train_seconds = 0.0
         self._cuda = pl_module.device.type == "cuda"
@@ -128,9 +142,16 @@ class PrecisionDiagnostics(Callback):
         self._train_seconds += time.perf_counter() - self._t0
         self._t0 = None
 
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: LightningModule, optimizer
+    ) -> None:
         # Lightning has unscaled the gradients (16-mixed) and clips right after this hook.
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = [
+            p.grad
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
         if not grads:
             return
         self._steps += 1
@@ -152,7 +173,9 @@ class PrecisionDiagnostics(Callback):
             # torch has no public accessor for the scale tensor; get_scale() would sync.
             self._scale_before = scaler._scale.clone()
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         self._images += len(batch[0])
         if self._scale_before is not None:
             # GradScaler.update() lowers the scale exactly when the step was skipped for inf/nan.
@@ -171,10 +194,16 @@ class PrecisionDiagnostics(Callback):
     # -- once per epoch: read everything -------------------------------------------------
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._stop_clock(pl_module)
-        log = lambda name, value: pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)  # noqa: E731
+
+        def log(name: str, value) -> None:
+            pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)
+
         if self._steps:
             nan = torch.full_like(self._norm_sum, float("nan"))
-            log(M.GRAD_NORM, torch.where(self._finite > 0, self._norm_sum / self._finite.clamp_min(1), nan))
+            log(
+                M.GRAD_NORM,
+                torch.where(self._finite > 0, self._norm_sum / self._finite.clamp_min(1), nan),
+            )
             log(M.GRAD_NORM_MAX, self._norm_max)
             if trainer.gradient_clip_val:
                 log(M.CLIP_FRACTION, self._clipped / self._steps)
@@ -182,7 +211,11 @@ class PrecisionDiagnostics(Callback):
         if scaler is not None and scaler._scale is not None:
             log(M.SCALE, scaler._scale.float().reshape(()))
             log(M.SKIPPED_STEPS, self._skipped)
-        peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**20 if self._cuda else _peak_rss_mb()
+        peak = (
+            torch.cuda.max_memory_allocated(pl_module.device) / 2**20
+            if self._cuda
+            else _peak_rss_mb()
+        )
         log(M.PEAK_MEMORY_MB, float(peak))
         if self._train_seconds > 0:
             log(M.IMAGES_PER_SEC, self._images / self._train_seconds)

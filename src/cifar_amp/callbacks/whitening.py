@@ -28,7 +28,9 @@ def patches(x: Tensor, kh: int, kw: int) -> Tensor:
     return p.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * kh * kw)
 
 
-def whitening_weights(x: Tensor, kh: int, kw: int, eps: float, chunk: int = 512) -> tuple[Tensor, Tensor]:
+def whitening_weights(
+    x: Tensor, kh: int, kw: int, eps: float, chunk: int = 512
+) -> tuple[Tensor, Tensor]:
     """(W, b) with W (d, C, kh, kw) such that conv(x, W) + b has zero mean and about identity
     covariance over the patches of `x`; d = C*kh*kw. Accumulated in float64 by chunks of images
     so that memory stays bounded on any device."""
@@ -58,9 +60,17 @@ class PatchWhitening(Callback):
     speed-run scripts do. Not re-run when resuming: the checkpoint holds the layer.
     """
 
-    def __init__(self, layer: str = "net.stem", num_images: int = 5000, eps: float = 5e-4, freeze: bool = True):
+    def __init__(
+        self,
+        layer: str = "net.stem",
+        num_images: int = 5000,
+        eps: float = 5e-4,
+        freeze: bool = True,
+    ):
         if num_images < 1 or eps < 0:
-            raise UserError(f"PatchWhitening: num_images must be >= 1 and eps >= 0 (got {num_images}, {eps})")
+            raise UserError(
+                f"PatchWhitening: num_images must be >= 1 and eps >= 0 (got {num_images}, {eps})"
+            )
         self.layer, self.num_images, self.eps, self.freeze = layer, num_images, eps, freeze
 
     def conv(self, pl_module: LightningModule) -> nn.Conv2d:
@@ -69,7 +79,9 @@ class PatchWhitening(Callback):
         except AttributeError:
             conv = None
         if not isinstance(conv, nn.Conv2d) or conv.bias is None or conv.groups != 1:
-            raise UserError(f"PatchWhitening: layer={self.layer!r} is not a Conv2d with a bias in this model")
+            raise UserError(
+                f"PatchWhitening: layer={self.layer!r} is not a Conv2d with a bias in this model"
+            )
         d = conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1]
         if not d <= conv.out_channels <= 2 * d:
             raise UserError(
@@ -93,9 +105,13 @@ class PatchWhitening(Callback):
             return
         conv = self.conv(pl_module)
         if trainer.ckpt_path is None:
-            loader = trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
+            loader = (
+                trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
+            )
             if not all(hasattr(loader, a) for a in ("images", "mean", "std")):
-                raise UserError("PatchWhitening needs the template's CIFARDataModule (device-resident images)")
+                raise UserError(
+                    "PatchWhitening needs the template's CIFARDataModule (device-resident images)"
+                )
             x = (loader.images[: self.num_images].float() - loader.mean) / loader.std
             self.initialise(conv, x)
             log.info("PatchWhitening: %s initialised from %d training images", self.layer, len(x))

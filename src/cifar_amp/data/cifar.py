@@ -69,10 +69,14 @@ def locate_or_download(data_dir: str | Path, spec: Spec, download: bool) -> Path
         f"data.data_dir at a folder that contains {spec.folder}/"
     )
     if not download:
-        raise UserError(f"no {spec.folder}/ found in data.data_dir={data_dir} and data.download=false: {how}")
+        raise UserError(
+            f"no {spec.folder}/ found in data.data_dir={data_dir} and data.download=false: {how}"
+        )
     log.info("Downloading %s into %s", spec.tv.url, data_dir)
     try:
-        download_and_extract_archive(spec.tv.url, str(data_dir), filename=spec.tv.filename, md5=spec.tv.tgz_md5)
+        download_and_extract_archive(
+            spec.tv.url, str(data_dir), filename=spec.tv.filename, md5=spec.tv.tgz_md5
+        )
     except Exception as e:  # URLError, timeouts, checksum mismatch: all mean "no data"
         raise UserError(
             f"{spec.folder}/ is not in data.data_dir={data_dir} and the download failed "
@@ -89,19 +93,29 @@ def read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
         with open(path, "rb") as f:
             entry = pickle.load(f, encoding="latin1")
         data = np.asarray(entry["data"], dtype=np.uint8)
-        labels = np.asarray(entry["labels"] if "labels" in entry else entry["fine_labels"], dtype=np.int64)
+        labels = np.asarray(
+            entry["labels"] if "labels" in entry else entry["fine_labels"], dtype=np.int64
+        )
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError) as e:
-        raise UserError(f"{path} is truncated or not a CIFAR python batch file ({type(e).__name__}: {e})") from e
+        raise UserError(
+            f"{path} is truncated or not a CIFAR python batch file ({type(e).__name__}: {e})"
+        ) from e
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise UserError(f"{path}: data has shape {data.shape}, expected (N, 3072) (3x32x32 uint8 rows)")
+        raise UserError(
+            f"{path}: data has shape {data.shape}, expected (N, 3072) (3x32x32 uint8 rows)"
+        )
     if labels.shape != (len(data),):
         raise UserError(f"{path}: {len(labels)} labels for {len(data)} images")
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise UserError(f"{path}: labels span [{labels.min()}, {labels.max()}], expected [0, {num_classes - 1}]")
+        raise UserError(
+            f"{path}: labels span [{labels.min()}, {labels.max()}], expected [0, {num_classes - 1}]"
+        )
     return data.reshape(-1, 3, 32, 32), labels
 
 
-def read_split(folder: Path, files: list[str], num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+def read_split(
+    folder: Path, files: list[str], num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     parts = [read_batch(folder / name, num_classes) for name in files]
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
@@ -149,7 +163,9 @@ class CIFARDataModule(LightningDataModule):
         if self.splits:
             return
         folder = locate_or_download(self.data_dir, self.spec, download=False)
-        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        device = (
+            self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        )
         images, labels = read_split(folder, self.spec.train_files, self.num_classes)
         n_val = int(round(len(labels) * self.val_split))
         perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
@@ -160,7 +176,10 @@ class CIFARDataModule(LightningDataModule):
         self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in self.splits.items()}
         log.info(
             "Data: %s from %s on %s: %d train, %d val, %d test images",
-            self.spec.folder, folder, device, *(len(self.splits[k][1]) for k in ("train", "val", "test")),
+            self.spec.folder,
+            folder,
+            device,
+            *(len(self.splits[k][1]) for k in ("train", "val", "test")),
         )
 
     def _loader(self, split: str, train: bool) -> DeviceBatches:

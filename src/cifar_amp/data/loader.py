@@ -53,7 +53,9 @@ class DeviceBatches:
     def _shard(self) -> Tensor:
         n, dev = len(self.labels), self.labels.device
         if self.train:
-            order = torch.randperm(n, generator=augment.epoch_generator(self.seed, self.epoch, dev), device=dev)
+            order = torch.randperm(
+                n, generator=augment.epoch_generator(self.seed, self.epoch, dev), device=dev
+            )
             order = order[: n - n % self.world_size]  # equal shards keep DDP ranks in step
         else:
             order = torch.arange(n, device=dev)
@@ -74,7 +76,9 @@ class DeviceBatches:
             d = draw.take(idx)
             x8 = augment.flip_translate(self.images_hwc, idx, d).permute(0, 3, 1, 2).contiguous()
             x = x8.float().sub_(self.mean).div_(self.std)
-            x = augment.cutout(x, d.cutout, self.augment_cfg.cutout)  # fills the mean: after normalising
+            x = augment.cutout(
+                x, d.cutout, self.augment_cfg.cutout
+            )  # fills the mean: after normalising
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, self.labels[idx]
@@ -83,7 +87,9 @@ class DeviceBatches:
         shard = self._shard()
         draw = None
         if self.train and self.augment_cfg is not None:
-            draw = augment.draw(len(self.labels), self.epoch, self.seed, self.augment_cfg, shard.device)
+            draw = augment.draw(
+                len(self.labels), self.epoch, self.seed, self.augment_cfg, shard.device
+            )
         start, self._resume_at = self._start(), None
         self.position = start
         # Training drops the short last batch (len() counts full batches only), except

@@ -13,7 +13,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
@@ -23,7 +22,11 @@ def _running_stats_to_scratch(block: nn.Module):
     # update must not land (else they move twice per step). Turning tracking off for the
     # recompute is not an option: BatchNorm would then save fewer tensors than in the first
     # forward and torch.utils.checkpoint raises. So the update goes to throwaway copies.
-    bns = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    bns = [
+        m
+        for m in block.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
     kept = [(m, {k: getattr(m, k) for k in _STATS}) for m in bns]
     for m, bufs in kept:
         for k, t in bufs.items():
@@ -54,5 +57,7 @@ def run_blocks(blocks: Iterable[nn.Module], x: Tensor, every: int) -> Tensor:
 
 def check_every(every: int) -> int:
     if every < 0:
-        raise ValueError(f"activation_checkpointing must be >= 0 (0 = off, k = every k-th block), got {every}")
+        raise ValueError(
+            f"activation_checkpointing must be >= 0 (0 = off, k = every k-th block), got {every}"
+        )
     return every

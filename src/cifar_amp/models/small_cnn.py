@@ -6,15 +6,26 @@ from cifar_amp.models.checkpointing import check_every, run_blocks
 class SmallCNN(nn.Module):
     """The classic AMP-tutorial network: two 3x3 conv + pool stages, two linear layers."""
 
-    def __init__(self, num_classes: int = 10, width: int = 32, hidden: int = 256, activation_checkpointing: int = 0):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        width: int = 32,
+        hidden: int = 256,
+        activation_checkpointing: int = 0,
+    ):
         super().__init__()
         self.checkpoint_every = check_every(activation_checkpointing)
         self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+            nn.Sequential(
+                nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2)
+            )
             for c_in, c_out in ((3, width), (width, 2 * width))
         )
         self.head = nn.Sequential(
-            nn.Flatten(), nn.Linear(2 * width * 8 * 8, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_classes)
+            nn.Flatten(),
+            nn.Linear(2 * width * 8 * 8, hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, num_classes),
         )
 
     def forward(self, x: Tensor) -> Tensor:

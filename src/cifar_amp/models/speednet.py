@@ -35,7 +35,9 @@ class SpeedNet(nn.Module):
         self.checkpoint_every = check_every(activation_checkpointing)
         self.stem = nn.Conv2d(3, stem_width, kernel_size=2, padding=0, bias=True)
         chans = (stem_width, *widths)
-        self.blocks = nn.ModuleList(ConvGroup(a, b, bn_momentum) for a, b in zip(chans, chans[1:]))
+        self.blocks = nn.ModuleList(
+            ConvGroup(a, b, bn_momentum) for a, b in zip(chans, chans[1:], strict=False)
+        )
         self.pool = nn.AdaptiveMaxPool2d(1)
         self.head = nn.Linear(chans[-1], num_classes, bias=False)
         self.logit_scale = logit_scale
