@@ -6,7 +6,7 @@ from pathlib import Path
 import hydra
 
 from cifar_amp import train
-from cifar_amp.errors import check_group_choices
+from cifar_amp.errors import check_overrides
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -15,5 +15,5 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    check_group_choices(sys.argv[1:], Path(__file__).parent / "configs")
+    check_overrides(sys.argv[1:], Path(__file__).parent / "configs", "train")
     main()

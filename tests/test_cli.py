@@ -78,6 +78,29 @@ def test_bad_value_exits_2_with_one_line_naming_the_key(tmp_path, override, key)
     assert r.stderr.strip().count("\n") == 0 and key in r.stderr
 
 
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        (
+            "trainer.max_epoch=3",
+            "trainer.max_epoch is not a config key; did you mean trainer.max_epochs?",
+        ),
+        (
+            "data.augment.fliip=true",
+            "valid keys of data.augment: alternate_flip, cutout, flip, translate",
+        ),
+        (
+            "trainer.max_epochs=abc",
+            "trainer.max_epochs=abc: Value 'abc' of type 'str' could not be converted",
+        ),
+    ],
+)
+def test_typo_or_wrong_type_gets_one_line_with_what_is_valid(tmp_path, override, expected):
+    r = run("train.py", override, f"hydra.run.dir={tmp_path}", tmp_path=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and expected in r.stderr
+
+
 @pytest.mark.slow
 def test_two_job_multirun_gives_each_job_its_own_run(tmp_path, tiny_data):
     r = run(

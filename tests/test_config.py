@@ -5,7 +5,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from cifar_amp import metrics
 from cifar_amp.errors import UserError
-from conftest import options
+from conftest import CONFIGS, options
 
 
 @pytest.mark.parametrize(
@@ -90,3 +90,21 @@ def test_benchmark_defaults_on_unless_deterministic(make_cfg):
     assert make_cfg().trainer.kwargs()["benchmark"] is True
     assert make_cfg("trainer.deterministic=true").trainer.kwargs()["benchmark"] is False
     assert make_cfg("trainer.benchmark=false").trainer.kwargs()["benchmark"] is False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["experiment=speedrun", "data.data_dir=x"],
+        ["hparams_search=optuna"],
+        ["hydra/launcher=slurm", "trainer.devices=4"],
+        ["hydra.run.dir=/tmp/x", "seed=3", "model=resnet18", "model.activation_checkpointing=2"],
+        ["+callbacks.extra._target_=x.Y"],
+        ["-m", "precision=32-true,bf16-mixed"],
+        ["not-an-override"],  # malformed: left to Hydra's own message
+    ],
+)
+def test_override_precheck_lets_valid_and_unparsable_commands_through(argv):
+    from cifar_amp.errors import check_overrides
+
+    check_overrides(argv, CONFIGS, "train")  # no SystemExit

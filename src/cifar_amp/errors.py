@@ -6,6 +6,7 @@ Entry points print its message on one line and exit non-zero, without a tracebac
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import os
 import sys
@@ -36,7 +37,59 @@ def reported():
         sys.exit(EXIT_CODE)
 
 
-def check_group_choices(argv: list[str], config_dir: Path) -> None:
+def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None:
+    """Exit 2 with one line for an override that cannot compose, before Hydra runs.
+
+    Hydra refuses these too, over several lines and without saying what would be valid:
+    an unknown group option, a key that does not exist (with the close matches and the valid
+    keys), a value of the wrong type. Runs with flags (-m, --cfg, ...) are left to Hydra.
+    """
+    _check_group_choices(argv, config_dir)
+    if any(a.startswith("-") for a in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    from cifar_amp import config  # noqa: F401  (registers the schemas the configs start from)
+
+    def composed(overrides):
+        with initialize_config_dir(str(config_dir.resolve()), version_base="1.3"):
+            return compose(config_name, overrides=overrides)
+
+    try:
+        composed(argv)
+    except ConfigCompositionException as e:
+        cause, bad = (
+            e.__cause__,
+            next((a for a in argv if getattr(e.__cause__, "full_key", None) in a), ""),
+        )
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
+            parent, _, name = cause.full_key.rpartition(".")
+            node = (
+                OmegaConf.select(composed([a for a in argv if a != bad]), parent)
+                if parent
+                else None
+            )
+            valid = sorted(str(k) for k in node.keys()) if node is not None else []
+            close = difflib.get_close_matches(name, valid, n=1)
+            hint = f"did you mean {parent}.{close[0]}? " if close else ""
+            _fail(
+                f"{cause.full_key} is not a config key; {hint}valid keys of {parent or 'the config'}: {', '.join(valid)}"
+            )
+        if isinstance(cause, ValidationError) and cause.full_key:
+            _fail(f"{bad or cause.full_key}: {str(cause.msg).splitlines()[0]}")
+    except Exception:  # anything else (syntax, ...): Hydra reports it in its own words
+        return
+
+
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(EXIT_CODE)
+
+
+def _check_group_choices(argv: list[str], config_dir: Path) -> None:
     """Exit 2 with one line if an override picks a config group option that does not exist.
 
     Hydra would also refuse it, but over several lines; this names the key and the valid
