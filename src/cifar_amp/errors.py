@@ -60,28 +60,29 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None
 
     try:
         composed(argv)
+        return
     except ConfigCompositionException as e:
-        cause, bad = (
-            e.__cause__,
-            next((a for a in argv if getattr(e.__cause__, "full_key", None) in a), ""),
-        )
-        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
-            parent, _, name = cause.full_key.rpartition(".")
-            node = (
-                OmegaConf.select(composed([a for a in argv if a != bad]), parent)
-                if parent
-                else None
-            )
-            valid = sorted(str(k) for k in node.keys()) if node is not None else []
-            close = difflib.get_close_matches(name, valid, n=1)
-            hint = f"did you mean {parent}.{close[0]}? " if close else ""
-            _fail(
-                f"{cause.full_key} is not a config key; {hint}valid keys of {parent or 'the config'}: {', '.join(valid)}"
-            )
-        if isinstance(cause, ValidationError) and cause.full_key:
-            _fail(f"{bad or cause.full_key}: {str(cause.msg).splitlines()[0]}")
+        cause = e.__cause__
     except Exception:  # anything else (syntax, ...): Hydra reports it in its own words
         return
+    key = getattr(cause, "full_key", None)
+    if not key:
+        return
+    bad = next((a for a in argv if a.lstrip("+~").startswith(key)), "")
+    if isinstance(cause, ValidationError):
+        _fail(f"{bad or key}: {str(cause.msg).splitlines()[0]}")
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        parent, _, name = key.rpartition(".")
+        try:
+            cfg = composed([a for a in argv if a != bad])
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            valid = sorted(str(k) for k in node.keys())
+        except Exception:
+            valid = []
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f"did you mean {(parent + '.') if parent else ''}{close[0]}? " if close else ""
+        where = parent or "the config"
+        _fail(f"{key} is not a config key; {hint}valid keys of {where}: {', '.join(valid)}")
 
 
 def _fail(msg: str) -> None:
