@@ -81,18 +81,22 @@ def test_no_scale_without_scaler_and_perf_metrics(make_cfg, tmp_path):
     assert out[metrics.PEAK_MEMORY_MB] > 0
 
 
-def test_fit_start_lines(make_cfg, caplog):
+def fit_start_log(make_cfg, caplog, precision: str) -> str:
+    """The log of a one-step fit with only the diagnostics callback."""
+    cfg = make_cfg(
+        "callbacks=none",
+        DIAG,
+        "test=false",
+        f"precision={precision}",
+        "trainer.limit_train_batches=1",
+    )
     with caplog.at_level(logging.INFO):
-        train(
-            make_cfg(
-                "callbacks=none",
-                DIAG,
-                "test=false",
-                "precision=16-mixed",
-                "trainer.limit_train_batches=1",
-            )
-        )
-    text = caplog.text
+        train(cfg)
+    return caplog.text
+
+
+def test_fit_start_lines(make_cfg, caplog):
+    text = fit_start_log(make_cfg, caplog, "16-mixed")
     assert "Precision plugin: 16-mixed: float16 autocast" in text
     assert "GradScaler(init_scale=65536" in text
     assert (
@@ -103,15 +107,6 @@ def test_fit_start_lines(make_cfg, caplog):
 
 
 def test_true_half_precision_parameters_are_counted(make_cfg, caplog):
-    with caplog.at_level(logging.INFO):
-        train(
-            make_cfg(
-                "callbacks=none",
-                DIAG,
-                "test=false",
-                "precision=bf16-true",
-                "trainer.limit_train_batches=1",
-            )
-        )
-    assert "Parameter dtypes: bfloat16: 8 tensors" in caplog.text
-    assert "Conv2d -> bfloat16" in caplog.text
+    text = fit_start_log(make_cfg, caplog, "bf16-true")
+    assert "Parameter dtypes: bfloat16: 8 tensors" in text
+    assert "Conv2d -> bfloat16" in text
