@@ -74,8 +74,10 @@ class DeviceBatches:
             x = self.images[idx].float().sub_(self.mean).div_(self.std)
         else:
             d = draw.take(idx)
-            x8 = augment.flip_translate(self.images_hwc, idx, d).permute(0, 3, 1, 2).contiguous()
-            x = x8.float().sub_(self.mean).div_(self.std)
+            # The gather is NHWC, i.e. already channels_last: lay it out once, in the format wanted.
+            fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+            x8 = augment.flip_translate(self.images_hwc, idx, d).permute(0, 3, 1, 2)
+            x = x8.contiguous(memory_format=fmt).float().sub_(self.mean).div_(self.std)
             x = augment.cutout(
                 x, d.cutout, self.augment_cfg.cutout
             )  # fills the mean: after normalising
