@@ -40,6 +40,7 @@ def compose_cfg(
     overrides: tuple[str, ...] | list[str] = (),
     return_hydra_config: bool = False,
 ) -> DictConfig:
+    config.register()
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose(
             config_name, overrides=list(overrides), return_hydra_config=return_hydra_config
@@ -53,7 +54,7 @@ def tiny_data(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def make_cfg(tmp_path, tiny_data):
-    """make_cfg(*overrides, config_name="train") -> validated schema object, shrunk for tests."""
+    """make_cfg(*overrides, config_name="train") -> the composed config, shrunk for tests."""
 
     def make(*overrides: str, config_name: str = "train"):
         shrink = SHRINK
@@ -66,7 +67,7 @@ def make_cfg(tmp_path, tiny_data):
         if config_name != "train":
             shrink = tuple(o for o in shrink if not o.startswith("module"))
         base = (*shrink, f"data.data_dir={tiny_data}", f"run_dir={tmp_path}")
-        return config.to_object(compose_cfg(config_name, (*base, *overrides)))
+        return compose_cfg(config_name, (*base, *overrides))
 
     return make
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from cifar_amp import build
 from cifar_amp.reliability.atomic_io import AtomicCheckpointIO
-from cifar_amp.train import build_trainer
 
 
 def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
@@ -24,5 +24,5 @@ def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
 
 def test_trainer_writes_checkpoints_atomically(make_cfg):
     for precision in ("32-true", "16-mixed"):  # 16-mixed brings its own plugin list
-        trainer = build_trainer(make_cfg(f"precision={precision}"), callbacks=[], loggers=[])
+        trainer = build.trainer(make_cfg(f"precision={precision}"), callbacks=[], loggers=[])
         assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)

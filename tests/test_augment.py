@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from cifar_amp.config import AugmentConfig
+from cifar_amp.data import Augment as AugmentConfig
 from cifar_amp.data import augment
 
 

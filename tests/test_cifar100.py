@@ -6,7 +6,7 @@ import torch
 
 from cifar_amp import metrics
 from cifar_amp.module import ImageClassifier
-from cifar_amp.train import train
+from cifar_amp.training import train
 from cifar_folder import write_cifar_folder
 
 

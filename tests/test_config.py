@@ -1,9 +1,10 @@
 """Every config option composes and validates; bad values fail with the key named."""
 
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from cifar_amp import metrics
+from cifar_amp import build, metrics
 from cifar_amp.errors import UserError
 from conftest import CONFIGS, options
 
@@ -53,7 +54,7 @@ def test_model_arguments_are_typed_from_the_constructor(make_cfg):
     "override,key",
     [
         ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"),
-        ("trainer.gradient_clip_algorithm=max", "trainer.gradient_clip_algorithm"),
+        ("trainer.gradient_clip_algorithm=max", "gradient_clip_algorithm` max is invalid"),
         ("data.batch_size=0", "data.batch_size"),
         ("data.val_split=1.5", "data.val_split"),
         ("module.optimizer.lr=-0.1", "module.optimizer.lr"),
@@ -66,7 +67,7 @@ def test_model_arguments_are_typed_from_the_constructor(make_cfg):
 def test_out_of_range_values_name_the_key(make_cfg, override, key):
     with pytest.raises(UserError, match=key.replace(".", r"\.")):
         cfg = make_cfg(override)
-        from cifar_amp.train import train
+        from cifar_amp.training import train
 
         train(cfg)  # model arguments are checked when the model is built
 
@@ -86,10 +87,14 @@ def test_typos_and_wrong_types_fail_at_composition(make_cfg):
         make_cfg("trainer.max_epochs=abc")
 
 
-def test_benchmark_defaults_on_unless_deterministic(make_cfg):
-    assert make_cfg().trainer.kwargs()["benchmark"] is True
-    assert make_cfg("trainer.deterministic=true").trainer.kwargs()["benchmark"] is False
-    assert make_cfg("trainer.benchmark=false").trainer.kwargs()["benchmark"] is False
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [((), True), (("trainer.deterministic=true",), False), (("trainer.benchmark=false",), False)],
+)
+def test_benchmark_defaults_on_unless_deterministic(make_cfg, overrides, expected):
+    cfg = make_cfg(*overrides)
+    build.trainer(cfg, build.precision(cfg), [], [])
+    assert torch.backends.cudnn.benchmark is expected
 
 
 @pytest.mark.parametrize(
@@ -106,6 +111,6 @@ def test_benchmark_defaults_on_unless_deterministic(make_cfg):
     ],
 )
 def test_override_precheck_lets_valid_and_unparsable_commands_through(argv):
-    from cifar_amp.errors import check_overrides
+    from cifar_amp.cli import check_overrides
 
     check_overrides(argv, CONFIGS, "train")  # no SystemExit

@@ -6,8 +6,8 @@ import urllib.error
 import pytest
 import torch
 
-from cifar_amp.config import AugmentConfig
 from cifar_amp.data import SPECS, CIFARDataModule, cifar
+from cifar_amp.data import Augment as AugmentConfig
 from cifar_amp.errors import UserError
 from cifar_folder import write_cifar_folder
 from conftest import SUBSET

@@ -12,9 +12,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from cifar_amp import metrics
+from cifar_amp import build, metrics
 from cifar_amp.module import ImageClassifier
-from cifar_amp.train import build_datamodule, build_trainer
 from conftest import REPO, SHRINK
 
 TWO_RANKS = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp_fork")
@@ -41,14 +40,14 @@ def test_two_ranks_see_every_training_sample_once_per_epoch(make_cfg, tmp_path):
     cfg = make_cfg(
         *TWO_RANKS, "trainer.max_epochs=2", "data.batch_size=15", "callbacks=none", "test=false"
     )
-    dm = build_datamodule(cfg)
+    dm = build.datamodule(cfg)
     dm.setup()
     images, _ = dm.splits["train"]
     n = len(images)
     dm.splits["train"] = (images, torch.arange(n))  # label = sample index, one class each
     sgd = functools.partial(torch.optim.SGD, lr=0.01)
     module = ImageClassifier(net=cfg.model, num_classes=n, optimizer=sgd)
-    build_trainer(cfg, callbacks=[RecordLabels(tmp_path)], loggers=[]).fit(module, datamodule=dm)
+    build.trainer(cfg, callbacks=[RecordLabels(tmp_path)], loggers=[]).fit(module, datamodule=dm)
 
     orders = []
     for epoch in (0, 1):
@@ -64,12 +63,8 @@ def test_two_rank_test_metrics_equal_one_rank(make_cfg, tmp_path):
     one = make_cfg("trainer=cpu", "data.eval_batch_size=32")
     two = make_cfg(*TWO_RANKS, "data.eval_batch_size=32")
     module = ImageClassifier(net=one.model, num_classes=10)
-    ref = build_trainer(one, [], []).test(module, datamodule=build_datamodule(one), verbose=False)[
-        0
-    ]
-    got = build_trainer(two, [], []).test(module, datamodule=build_datamodule(two), verbose=False)[
-        0
-    ]
+    ref = build.trainer(one).test(module, datamodule=build.datamodule(one), verbose=False)[0]
+    got = build.trainer(two).test(module, datamodule=build.datamodule(two), verbose=False)[0]
     assert got[metrics.TEST_ACC] == pytest.approx(ref[metrics.TEST_ACC], abs=1e-6)
     assert got[metrics.TEST_LOSS] == pytest.approx(ref[metrics.TEST_LOSS], rel=1e-5)
 

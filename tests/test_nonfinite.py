@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from cifar_amp.reliability.nonfinite import NonFiniteLossError
-from cifar_amp.train import train
+from cifar_amp.training import train
 
 GUARD = (
     "callbacks.non_finite.patience=3",

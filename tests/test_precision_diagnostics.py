@@ -5,7 +5,7 @@ import math
 import pytest
 
 from cifar_amp import metrics
-from cifar_amp.train import train
+from cifar_amp.training import train
 
 DIAG = "+callbacks.precision_diagnostics._target_=cifar_amp.callbacks.PrecisionDiagnostics"
 

@@ -17,7 +17,7 @@ import torch
 
 from cifar_amp import metrics
 from cifar_amp.module import ImageClassifier
-from cifar_amp.train import train
+from cifar_amp.training import train
 from conftest import REPO, SHRINK
 
 EXACT = ("trainer.deterministic=true", "callbacks.step_checkpoint.every_n_train_steps=2")

@@ -62,13 +62,13 @@ SLURM_ENV = {
 def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tmp_path):
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
+    from cifar_amp import build
     from cifar_amp.errors import UserError
     from cifar_amp.reliability.preflight import check_run_dir
-    from cifar_amp.train import build_trainer
 
     for k, v in SLURM_ENV.items():
         monkeypatch.setenv(k, v)
-    env = build_trainer(
+    env = build.trainer(
         make_cfg(), callbacks=[], loggers=[]
     )._accelerator_connector.cluster_environment
     assert (

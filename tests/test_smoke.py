@@ -1,7 +1,7 @@
 import json
 
 from cifar_amp import metrics
-from cifar_amp.train import train
+from cifar_amp.training import train
 
 
 def test_train_writes_metrics_and_checkpoints(make_cfg, tmp_path):

@@ -19,12 +19,12 @@ from cifar_amp.bench import framework, reference_loop
 from cifar_amp.bench import loader as loader_bench
 from cifar_amp.callbacks import PatchWhitening
 from cifar_amp.callbacks.whitening import patches
-from cifar_amp.config import AugmentConfig
+from cifar_amp.data import Augment as AugmentConfig
 from cifar_amp.data import augment
-from cifar_amp.data.loader import DeviceBatches
+from cifar_amp.data.device_batches import DeviceBatches
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
-from cifar_amp.train import train
+from cifar_amp.training import train
 from conftest import compose_cfg
 
 
@@ -228,23 +228,21 @@ def test_reference_loop_reaches_the_same_weights_as_lightning():
 
 
 def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
-    cfg = config.to_object(
-        compose_cfg(
-            "train",
-            [
-                "experiment=speedrun",
-                f"data.data_dir={tiny_data}",
-                "data.download=false",
-                f"run_dir={tmp_path}",
-                "logger=none",
-                "trainer=cpu",
-                "trainer.max_epochs=1",
-                "trainer.enable_model_summary=false",
-                "model.widths=[8,8,8]",
-                "data.batch_size=32",
-                "data.eval_batch_size=64",
-            ],
-        )
+    cfg = compose_cfg(
+        "train",
+        [
+            "experiment=speedrun",
+            f"data.data_dir={tiny_data}",
+            "data.download=false",
+            f"run_dir={tmp_path}",
+            "logger=none",
+            "trainer=cpu",
+            "trainer.max_epochs=1",
+            "trainer.enable_model_summary=false",
+            "model.widths=[8,8,8]",
+            "data.batch_size=32",
+            "data.eval_batch_size=64",
+        ],
     )
     result = train(cfg)
     saved = json.loads((tmp_path / "metrics.json").read_text())

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution
 
 from cifar_amp import metrics
-from cifar_amp.train import train
+from cifar_amp.training import train
 from conftest import CONFIGS, REPO, SHRINK, compose_cfg
 
 SEARCH = CONFIGS / "hparams_search" / "optuna.yaml"

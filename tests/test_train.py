@@ -7,9 +7,9 @@ import lightning as L
 import pytest
 import torch
 
-from cifar_amp import metrics, precision
-from cifar_amp.evaluate import evaluate
-from cifar_amp.train import train
+from cifar_amp import build, metrics
+from cifar_amp.evaluation import evaluate
+from cifar_amp.training import train
 from conftest import options
 
 
@@ -40,15 +40,14 @@ def test_16_mixed_on_cpu_is_float16_with_a_real_scaler(make_cfg):
         "precision.scaler.init_scale=1024",
         "precision.scaler.growth_interval=7",
     )
-    trainer = L.Trainer(
-        **cfg.trainer.kwargs(), **precision.trainer_kwargs(cfg.precision, cfg.trainer), logger=False
-    )
+    prec = build.precision(cfg)
+    trainer = build.trainer(cfg, prec, [], [])
     plugin = trainer.precision_plugin
     assert plugin.device == "cpu" and plugin.precision == "16-mixed"
     with plugin.forward_context():
         assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float16
     assert plugin.scaler.get_scale() == 1024 and plugin.scaler.get_growth_interval() == 7
-    assert precision.describe(trainer).startswith("16-mixed: float16 autocast on cpu")
+    assert prec.describe(trainer).startswith("16-mixed: float16 autocast on cpu")
 
 
 class Recorder(L.Callback):
@@ -84,22 +83,12 @@ class StopAfterEpoch(L.Callback):
 
 
 def fit(cfg, *callbacks):
-    from hydra.utils import instantiate
-
-    from cifar_amp.module import ImageClassifier
-    from cifar_amp.train import build_datamodule
-
     L.seed_everything(cfg.seed)
-    dm = build_datamodule(cfg)
-    module = ImageClassifier(
-        cfg.model, 10, optimizer=instantiate(cfg.module.optimizer), scheduler=None
-    )
-    trainer = L.Trainer(
-        **cfg.trainer.kwargs(),
-        **precision.trainer_kwargs(cfg.precision, cfg.trainer),
-        logger=False,
-        callbacks=list(callbacks),
-        enable_checkpointing=False,
+    dm = build.datamodule(cfg)
+    cfg.module.scheduler = None
+    module = build.module(cfg, 10)
+    trainer = build.trainer(
+        cfg, build.precision(cfg), list(callbacks), [], enable_checkpointing=False
     )
     trainer.fit(module, datamodule=dm)
     return trainer, module
@@ -232,15 +221,13 @@ def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy(make_cfg, tmp_pat
 
 
 def test_channels_last_reaches_weights_and_batches(make_cfg):
-    from cifar_amp.module import ImageClassifier
-    from cifar_amp.train import build_datamodule
-
-    cfg = make_cfg("module.channels_last=true", "trainer.fast_dev_run=true")
-    dm = build_datamodule(cfg)
+    cfg = make_cfg("precision.channels_last=true", "trainer.fast_dev_run=true")
+    layout = build.precision(cfg).channels_last("cpu")
+    dm = build.datamodule(cfg, channels_last=layout)
     dm.setup()
     x, _ = next(iter(dm.train_dataloader()))
     assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    module = ImageClassifier(cfg.model, 10, channels_last=True)
+    module = build.module(cfg, 10, channels_last=layout)
     assert module.net.blocks[0][0].weight.is_contiguous(memory_format=torch.channels_last)
     assert 0.0 <= train(cfg)[metrics.TEST_ACC] <= 1.0
 

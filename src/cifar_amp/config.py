@@ -1,203 +1,130 @@
-"""Typed config schemas. Each field is documented and validated here, where it is defined.
+"""Config schemas, generated from the constructors they configure.
 
-The schemas are registered in Hydra's ConfigStore as ``train_schema`` / ``eval_schema`` and
-sit first in ``configs/train.yaml``'s defaults, so a typo (``trainer.max_epoch=3``) or a wrong
-type (``trainer.max_epochs=abc``) fails at composition, and :func:`validate` checks ranges
-before anything is built. YAML files only hold what differs from the defaults below.
+A constructor's signature is its schema: :func:`schema` turns it into a dataclass (`_target_`
+plus every keyword argument, typed, with the code's default), which :func:`register` puts in
+Hydra's ConfigStore as ``schema/<group>/<Name>``. A group's YAML starts from it
+(``defaults: [/schema/model/SpeedNet@_here_]``) and holds only what differs, so
+``model.<arg>=...`` works without ``+`` and a typo or a wrong type fails at composition.
+Range checks live in the constructors, beside the defaults; the builders (build.py) report
+them by config key. The Trainer's schema comes from ``lightning.Trainer.__init__`` itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
-import math
 import secrets
+import types
 import typing
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import lightning
+import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from cifar_amp import metrics
-from cifar_amp.errors import UserError
 
-PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
-DATASETS = ("cifar10", "cifar100")
 RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
-TTA_MODES = ("none", "flip", "flip_shift")  # see tta.py
+_PLAIN = (int, float, bool, str)
+
+# Trainer arguments set by the template itself, not by `trainer.*`: precision comes from the
+# `precision` group, callbacks and loggers from theirs, the root dir is the run dir.
+TRAINER_SET_BY_TEMPLATE = ("precision", "callbacks", "logger", "default_root_dir")
+# Where the template's Trainer defaults differ from Lightning's (documented in
+# configs/trainer/default.yaml's header).
+TRAINER_DEFAULTS = {
+    "max_epochs": 10,
+    "num_sanity_val_steps": 0,
+    # Checkpoints are written atomically (temp file + fsync + rename): see reliability/.
+    "plugins": [{"_target_": "cifar_amp.reliability.atomic_io.AtomicCheckpointIO"}],
+}
 
 
-def _check(ok: bool, key: str, msg: str) -> None:
-    if not ok:
-        raise UserError(f"invalid config value for {key}: {msg}")
+def _field_type(hint: Any) -> Any:
+    """The closest type OmegaConf can check: a plain type, Optional of one, a dataclass, else Any."""
+    if hint in _PLAIN or dataclasses.is_dataclass(hint):
+        return hint
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2 and _field_type(rest[0]) is not Any:
+            return Optional[_field_type(rest[0])]
+        if set(rest) == {int, float}:  # e.g. gradient_clip_val; not limit_* (int = batches)
+            return Any
+    if origin is typing.Literal and all(isinstance(a, str) for a in args):
+        return str
+    return Any
 
 
-@dataclass
-class AugmentConfig:
-    """Batch-wise augmentation applied on the training device (see data/augment.py)."""
-
-    flip: bool = True  # random horizontal flip, per image
-    alternate_flip: bool = False  # flip each image in alternate epochs instead of at random
-    translate: int = 4  # random shift of up to N pixels (reflect-padded crop); 0 = off
-    cutout: int = 0  # side of a random zeroed square per image; 0 = off
-
-    def validate(self, key: str) -> None:
-        _check(0 <= self.translate <= 16, f"{key}.translate", f"{self.translate} not in [0, 16]")
-        _check(0 <= self.cutout <= 32, f"{key}.cutout", f"{self.cutout} not in [0, 32]")
-
-
-@dataclass
-class DataConfig:
-    dataset: str = "cifar10"  # one of DATASETS
-    # Folder holding `cifar-10-batches-py/` (or the folder itself). Downloaded here if
-    # missing and `download` is true; a folder you supply is read without checksums.
-    data_dir: str = "data"
-    download: bool = True
-    batch_size: int = 512  # per device
-    eval_batch_size: int = 1024  # per device, for validation and test
-    val_split: float = 0.1  # fraction of the training set held out for validation, in [0, 1)
-    # The training images live on the training device; this keeps a second copy in the
-    # compute dtype out of the loop. Nothing to configure beyond augmentation.
-    augment: AugmentConfig = field(default_factory=AugmentConfig)
-
-    def validate(self, key: str = "data") -> None:
-        _check(self.dataset in DATASETS, f"{key}.dataset", f"{self.dataset!r}; valid: {DATASETS}")
-        _check(self.batch_size >= 1, f"{key}.batch_size", f"{self.batch_size}; must be >= 1")
-        _check(self.eval_batch_size >= 1, f"{key}.eval_batch_size", "must be >= 1")
-        _check(0.0 <= self.val_split < 1.0, f"{key}.val_split", f"{self.val_split} not in [0, 1)")
-        self.augment.validate(f"{key}.augment")
-
-
-@dataclass
-class ScalerConfig:
-    """torch.amp.GradScaler arguments; used by `16-mixed` only. Defaults are torch's."""
-
-    enabled: bool = True
-    init_scale: float = 2.0**16
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
-
-    def validate(self, key: str) -> None:
-        _check(self.init_scale > 0, f"{key}.init_scale", "must be > 0")
-        _check(self.growth_factor > 1, f"{key}.growth_factor", "must be > 1")
-        _check(0 < self.backoff_factor < 1, f"{key}.backoff_factor", "must be in (0, 1)")
-        _check(self.growth_interval >= 1, f"{key}.growth_interval", "must be >= 1")
-
-
-@dataclass
-class PrecisionConfig:
-    # Lightning precision name. `16-mixed` means float16 autocast + GradScaler on every
-    # device, CPU included (Lightning alone would quietly use bfloat16 on CPU).
-    name: str = "32-true"
-    scaler: ScalerConfig = field(default_factory=ScalerConfig)
-
-    def validate(self, key: str = "precision") -> None:
-        _check(self.name in PRECISIONS, f"{key}.name", f"{self.name!r}; valid: {PRECISIONS}")
-        self.scaler.validate(f"{key}.scaler")
-
-
-@dataclass
-class ModuleConfig:
-    """The LightningModule around the network (see module.py)."""
-
-    # Hydra partials: the module adds `params` / `optimizer` and, for OneCycleLR,
-    # `total_steps`. Set `scheduler` to null for a constant learning rate.
-    optimizer: Any = field(
-        default_factory=lambda: {
-            "_target_": "torch.optim.SGD",
+def _default(value: Any) -> Any:
+    """A constructor default as config: partials become `_partial_` nodes, tuples lists."""
+    if isinstance(value, functools.partial):
+        fn = value.func
+        return {
+            "_target_": f"{fn.__module__}.{fn.__qualname__}",
             "_partial_": True,
-            "lr": 0.2,
-            "momentum": 0.9,
-            "nesterov": True,
-            "weight_decay": 5e-4,
+            **value.keywords,
         }
-    )
-    scheduler: Any = field(
-        default_factory=lambda: {
-            "_target_": "torch.optim.lr_scheduler.OneCycleLR",
-            "_partial_": True,
-            "max_lr": "${module.optimizer.lr}",
-            "pct_start": 0.25,
-            "anneal_strategy": "linear",
-        }
-    )
-    label_smoothing: float = 0.0
-    channels_last: bool = False  # NHWC weights and inputs; faster convs under AMP on GPU
-    compile: bool = False  # torch.compile the network
-    # Test-time augmentation in test (and in validation if `tta_val`): none | flip |
-    # flip_shift (flips plus +-`tta_shift`-pixel shifts); views and weights in tta.py.
-    tta: str = "none"
-    tta_shift: int = 1
-    tta_val: bool = False
-
-    def validate(self, key: str = "module") -> None:
-        _check(0.0 <= self.label_smoothing < 1.0, f"{key}.label_smoothing", "must be in [0, 1)")
-        _check(self.tta in TTA_MODES, f"{key}.tta", f"{self.tta!r}; valid: {TTA_MODES}")
-        _check(1 <= self.tta_shift <= 8, f"{key}.tta_shift", f"{self.tta_shift} not in [1, 8]")
-        lr = self.optimizer.get("lr") if isinstance(self.optimizer, dict) else None
-        if isinstance(lr, (int, float)):
-            _check(lr > 0 and math.isfinite(lr), f"{key}.optimizer.lr", f"{lr}; must be > 0")
+    if isinstance(value, tuple):
+        return list(value)
+    return value
 
 
-@dataclass
-class TrainerConfig:
-    """lightning.Trainer arguments that the template supports. Add a field here to pass
-    another one; anything not listed is a typo and fails at composition."""
+def schema(
+    target: Any,
+    exclude: tuple[str, ...] = (),
+    defaults: dict[str, Any] | None = None,
+    with_target: bool = True,
+    nested: dict[str, type] | None = None,
+) -> type:
+    """A dataclass schema for `target`'s keyword arguments (see the module docstring).
 
-    accelerator: str = "auto"
-    devices: Any = "auto"
-    strategy: str = "auto"
-    num_nodes: int = 1
-    max_epochs: int = 10
-    max_steps: int = -1
-    gradient_clip_val: Optional[float] = None  # acts on unscaled gradients under 16-mixed
-    gradient_clip_algorithm: str = "norm"  # norm | value
-    accumulate_grad_batches: int = 1
-    # cudnn autotuning; null = on unless `deterministic` (no effect on CPU)
-    benchmark: Optional[bool] = None
-    deterministic: bool = False
-    sync_batchnorm: bool = False
-    limit_train_batches: Any = None
-    limit_val_batches: Any = None
-    limit_test_batches: Any = None
-    val_check_interval: Any = None
-    check_val_every_n_epoch: int = 1
-    num_sanity_val_steps: int = 0
-    log_every_n_steps: int = 50
-    fast_dev_run: Any = False
-    enable_progress_bar: bool = True
-    enable_model_summary: bool = True
-
-    def validate(self, key: str = "trainer") -> None:
-        clip = self.gradient_clip_val
-        _check(clip is None or clip >= 0, f"{key}.gradient_clip_val", f"{clip}; must be >= 0")
-        _check(
-            self.gradient_clip_algorithm in ("norm", "value"),
-            f"{key}.gradient_clip_algorithm",
-            f"{self.gradient_clip_algorithm!r}; valid: ('norm', 'value')",
-        )
-        _check(self.max_epochs >= -1, f"{key}.max_epochs", "must be >= -1")
-        _check(self.num_nodes >= 1, f"{key}.num_nodes", "must be >= 1")
-        _check(self.accumulate_grad_batches >= 1, f"{key}.accumulate_grad_batches", "must be >= 1")
-
-    def kwargs(self) -> dict[str, Any]:
-        """Arguments for lightning.Trainer; unset (None) limits keep Lightning's defaults."""
-        out = {k: v for k, v in vars(self).items() if v is not None or k == "gradient_clip_val"}
-        out["benchmark"] = (not self.deterministic) if self.benchmark is None else self.benchmark
-        return out
+    `exclude`: arguments the builders pass at run time (e.g. `num_classes`, decided by the
+    data). `defaults`: where the template's default differs from the constructor's.
+    """
+    defaults, nested = defaults or {}, nested or {}
+    fn = target.__init__ if inspect.isclass(target) else target
+    hints = typing.get_type_hints(fn)
+    fields: list[tuple] = []
+    if with_target:
+        path = f"{target.__module__}.{target.__qualname__}"
+        fields.append(("_target_", str, field(default=path)))
+    for name, p in inspect.signature(target).parameters.items():
+        if name in exclude or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name in nested:
+            fields.append((name, nested[name], field(default_factory=nested[name])))
+            continue
+        typ = _field_type(hints.get(name, Any))
+        if name in defaults:
+            value = defaults[name]
+            typ = Any if isinstance(value, (dict, list)) else typ
+        elif p.default is inspect.Parameter.empty:
+            continue  # required and not excluded: the YAML must set it
+        else:
+            value = _default(p.default)
+        if isinstance(value, (dict, list)) and not dataclasses.is_dataclass(typ):
+            typ = Any
+        fields.append((name, typ, field(default_factory=lambda v=value: v)))
+    name = getattr(target, "__name__", "Target")
+    return make_dataclass(f"{name}Schema", fields)
 
 
 @dataclass
 class TrainConfig:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: Any = None  # a network: `_target_` + its arguments (configs/model/)
-    module: ModuleConfig = field(default_factory=ModuleConfig)
-    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    callbacks: Any = field(default_factory=dict)  # name -> Lightning callback (`_target_`)
-    logger: Any = field(default_factory=dict)  # name -> Lightning logger (`_target_`)
+    """The top of `configs/train.yaml`; each part is a `_target_` node built by build.py."""
+
+    data: Any = None  # a LightningDataModule (configs/data/)
+    model: Any = None  # a plain nn.Module (configs/model/); saved in every checkpoint
+    module: Any = None  # the LightningModule around the model (configs/module/)
+    precision: Any = None  # cifar_amp.precision.Precision (configs/precision/)
+    trainer: Any = None  # lightning.Trainer arguments (configs/trainer/)
+    callbacks: Any = field(default_factory=dict)  # name -> Lightning callback
+    logger: Any = field(default_factory=dict)  # name -> Lightning logger
     run_dir: str = "${hydra:runtime.output_dir}"  # checkpoints, logs, metrics.json
     seed: int = 42  # seeds the split, augmentation and initialisation
     ckpt_path: Optional[str] = None  # resume from this checkpoint
@@ -205,60 +132,18 @@ class TrainConfig:
     # Returned by train.py for sweepers (Optuna maximises it); a key of metrics.json.
     optimized_metric: str = metrics.VAL_ACC_BEST
 
-    def validate(self) -> None:
-        self.data.validate()
-        self.module.validate()
-        self.precision.validate()
-        self.trainer.validate()
-        _check(self.seed >= 0, "seed", f"{self.seed}; must be >= 0")
-
 
 @dataclass
 class EvalConfig:
-    data: DataConfig = field(default_factory=DataConfig)
-    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The top of `configs/eval.yaml`: the network is rebuilt from the checkpoint."""
+
+    data: Any = None
+    precision: Any = None
+    trainer: Any = None
     logger: Any = field(default_factory=dict)
     run_dir: str = "${hydra:runtime.output_dir}"
     seed: int = 42
     ckpt_path: Optional[str] = None  # required: the checkpoint to test
-
-    def validate(self) -> None:
-        self.data.validate()
-        self.precision.validate()
-        self.trainer.validate()
-        _check(
-            bool(self.ckpt_path),
-            "ckpt_path",
-            "required, e.g. ckpt_path=<run>/checkpoints/last.ckpt",
-        )
-
-
-def to_object(cfg: DictConfig):
-    """Resolve a composed config into its schema dataclass and validate ranges."""
-    obj = OmegaConf.to_object(cfg)
-    if isinstance(obj, TrainConfig):
-        # A plain dict, not the generated schema class: it is saved in checkpoints.
-        obj.model = OmegaConf.to_container(cfg.model, resolve=True)
-    obj.validate()
-    return obj
-
-
-def model_schema(cls: type) -> type:
-    """A schema for a network class, made from its constructor: `_target_` plus every
-    keyword argument but `num_classes` (the data decides it), with the code's defaults.
-    So `model.<arg>=...` works on the command line, typos and wrong types fail at
-    composition, and a model's YAML only holds what differs from its code."""
-    hints = typing.get_type_hints(cls.__init__)
-    fields: list[tuple] = [("_target_", str, field(default=f"{cls.__module__}.{cls.__name__}"))]
-    for name, p in inspect.signature(cls).parameters.items():
-        if name == "num_classes" or p.default is inspect.Parameter.empty:
-            continue
-        typ = hints.get(name, Any)
-        typ = typ if typ in (int, float, bool, str) else Any
-        default = list(p.default) if isinstance(p.default, tuple) else p.default
-        fields.append((name, typ, field(default_factory=lambda d=default: d)))
-    return make_dataclass(f"{cls.__name__}Config", fields)
 
 
 def sqlite_url(path: str) -> str:
@@ -270,21 +155,37 @@ def sqlite_url(path: str) -> str:
 
 
 def register() -> None:
-    from cifar_amp import models  # each class in models.__all__ gets model_schema/<Name>
+    """Schemas into Hydra's ConfigStore and the YAML resolvers; called where the app starts
+    (cli.py, and the tests' compose fixture). Idempotent."""
+    from cifar_amp import data, models, module, precision
 
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)
-    for name in models.__all__:
-        cs.store(group="model_schema", name=name, node=model_schema(getattr(models, name)))
-    if not OmegaConf.has_resolver("metric"):
-        OmegaConf.register_new_resolver("metric", metrics.resolve)
-    if not OmegaConf.has_resolver("sqlite"):
-        OmegaConf.register_new_resolver("sqlite", sqlite_url)
-    if not OmegaConf.has_resolver(
-        "run_id"
-    ):  # configs/hydra: runs started in the same second differ
-        OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
-
-
-register()
+    for name in models.__all__:  # num_classes: the data decides it
+        cs.store(
+            group="schema/model", name=name, node=schema(getattr(models, name), ("num_classes",))
+        )
+    for name in data.__all__:
+        cls = getattr(data, name)
+        if inspect.isclass(cls) and issubclass(cls, lightning.LightningDataModule):
+            # channels_last: the precision decides it (build.py)
+            cs.store(
+                group="schema/data",
+                name=name,
+                node=schema(cls, ("channels_last",), {"seed": "${seed}"}),
+            )
+    # net, num_classes, channels_last: passed by build.py from model, data and precision
+    excluded = ("net", "num_classes", "channels_last")
+    cs.store(
+        group="schema/module", name="ImageClassifier", node=schema(module.ImageClassifier, excluded)
+    )
+    scaler = schema(torch.amp.GradScaler, ("device",), with_target=False)
+    node = schema(precision.Precision, nested={"scaler": scaler})
+    cs.store(group="schema/precision", name="Precision", node=node)
+    trainer = schema(lightning.Trainer, TRAINER_SET_BY_TEMPLATE, TRAINER_DEFAULTS)
+    cs.store(group="schema/trainer", name="Trainer", node=trainer)
+    resolvers = {"metric": metrics.resolve, "sqlite": sqlite_url, "run_id": lambda: RUN_ID}
+    for name, fn in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, Callable, Optional
 
 import torch
@@ -14,6 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from cifar_amp import metrics as M
 from cifar_amp import tta as TTA
+from cifar_amp.errors import InvalidArgument, NestedBuildError
 
 NAMES = {
     "train": (M.TRAIN_LOSS, M.TRAIN_ACC),
@@ -33,20 +36,44 @@ class ImageClassifier(LightningModule):
         self,
         net: dict,
         num_classes: int,
-        optimizer: Optional[Callable[..., torch.optim.Optimizer]] = None,
-        scheduler: Optional[Callable[..., Any]] = None,
-        label_smoothing: float = 0.0,
-        channels_last: bool = False,
-        compile: bool = False,
+        # Partials: the module adds `params` (and, for OneCycleLR, `optimizer`, `total_steps`
+        # and `max_lr` = the optimizer's lr). Set `scheduler` to null for a constant rate.
+        optimizer: Callable[..., torch.optim.Optimizer] = functools.partial(
+            torch.optim.SGD, lr=0.2, momentum=0.9, nesterov=True, weight_decay=5e-4
+        ),
+        scheduler: Optional[Callable[..., Any]] = functools.partial(
+            torch.optim.lr_scheduler.OneCycleLR, pct_start=0.25, anneal_strategy="linear"
+        ),
+        label_smoothing: float = 0.0,  # training loss only
+        channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)
+        compile: bool = False,  # torch.compile the network
+        # Test-time augmentation in test (and in validation if `tta_val`): none | flip |
+        # flip_shift (flips plus +-`tta_shift`-pixel shifts); views and weights in tta.py.
         tta: str = "none",
         tta_shift: int = 1,
         tta_val: bool = False,
     ) -> None:
+        if not 0.0 <= label_smoothing < 1.0:
+            raise InvalidArgument("label_smoothing", label_smoothing, "must be in [0, 1)")
+        if tta not in TTA.MODES:
+            raise InvalidArgument("tta", repr(tta), f"valid: {', '.join(TTA.MODES)}")
+        if not 1 <= tta_shift <= 8:
+            raise InvalidArgument("tta_shift", tta_shift, "must be in [1, 8]")
+        # From the config, `_target_` nodes (built here, so `net` stays a config; see build.py).
+        optimizer, scheduler = (
+            instantiate(f) if isinstance(f, dict) else f for f in (optimizer, scheduler)
+        )
+        lr = getattr(optimizer, "keywords", {}).get("lr")
+        if isinstance(lr, (int, float)) and not (lr > 0 and math.isfinite(lr)):
+            raise InvalidArgument("optimizer.lr", lr, "must be > 0")
         super().__init__()
         # The network's config (not the optimizer partials) goes into every checkpoint, so
         # load_from_checkpoint / eval.py rebuild the right network from the file alone.
         self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)
-        self.net: nn.Module = instantiate(net, num_classes=num_classes)
+        try:
+            self.net: nn.Module = instantiate(net, num_classes=num_classes)
+        except Exception as e:
+            raise NestedBuildError("model", e) from e
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.label_smoothing = label_smoothing
         self.compile = compile
@@ -116,6 +143,8 @@ class ImageClassifier(LightningModule):
         kwargs = {}
         if getattr(self.scheduler_factory, "func", None) is torch.optim.lr_scheduler.OneCycleLR:
             kwargs["total_steps"] = self.trainer.estimated_stepping_batches
+            if "max_lr" not in self.scheduler_factory.keywords:
+                kwargs["max_lr"] = [g["lr"] for g in optimizer.param_groups]
         scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
         return {
             "optimizer": optimizer,

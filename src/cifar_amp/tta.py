@@ -15,6 +15,8 @@ from torch import Tensor
 
 from cifar_amp.data.augment import translate
 
+MODES = ("none", "flip", "flip_shift")
+
 
 def _flip_mean(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     # One forward over both views: one larger batch is cheaper than two small ones.

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from cifar_amp import metrics as M
-from cifar_amp.precision import describe
+from cifar_amp.precision import describe_plugin
 
 
 def _scaler(trainer: Trainer):
@@ -54,7 +54,7 @@ class PrecisionDiagnostics(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._skipped = torch.zeros((), device=pl_module.device)
         self._reset_epoch(pl_module)  # a resume mid-epoch gets no on_train_epoch_start
-        rank_zero_info(f"Precision plugin: {describe(trainer)}")
+        rank_zero_info(f"Precision plugin: {describe_plugin(trainer)}")
         tensors, values = Counter(), Counter()
         for p in pl_module.parameters():
             dtype = str(p.dtype).removeprefix("torch.")

@@ -1,3 +1,7 @@
-from cifar_amp.data.cifar import SPECS, CIFARDataModule
+"""Data modules (each gets a config schema, `schema/data/<Name>`) and device-side batches."""
 
-__all__ = ["CIFARDataModule", "SPECS"]
+from cifar_amp.data.augment import Augment
+from cifar_amp.data.cifar import SPECS, CIFARDataModule
+from cifar_amp.data.device_batches import DeviceBatches
+
+__all__ = ["Augment", "CIFARDataModule", "DeviceBatches", "SPECS"]

@@ -1,7 +1,7 @@
 """Batch-wise augmentation as tensor ops on the training device.
 
 Why not torchvision transforms in DataLoader workers: per-sample PIL work on CPU workers is
-the bottleneck of small-image training (see `python -m cifar_amp.bench.loader`); here a whole
+the bottleneck of small-image training (see `python -m bench.loader_speed`); here a whole
 batch is augmented with a few kernels, and each image still gets its own random draw.
 
 Random draws are made up front for a whole epoch (:func:`draw`) from a generator seeded by
@@ -16,6 +16,24 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from cifar_amp.errors import InvalidArgument
+
+
+@dataclass
+class Augment:
+    """What the training batches get, each image with its own random draw."""
+
+    flip: bool = True  # random horizontal flip, per image
+    alternate_flip: bool = False  # flip each image in alternate epochs instead of at random
+    translate: int = 4  # random shift of up to N pixels (reflect-padded crop); 0 = off
+    cutout: int = 0  # side of a random zeroed square per image; 0 = off
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.translate <= 16:
+            raise InvalidArgument("augment.translate", self.translate, "must be in [0, 16]")
+        if not 0 <= self.cutout <= 32:
+            raise InvalidArgument("augment.cutout", self.cutout, "must be in [0, 32]")
 
 
 @dataclass
@@ -37,7 +55,7 @@ def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Genera
 
 
 def draw(n: int, epoch: int, seed: int, cfg, device: torch.device, size: int = 32) -> Draw:
-    """Random choices for `n` images in `epoch`. `cfg` is an AugmentConfig."""
+    """Random choices for `n` images in `epoch`. `cfg` is an Augment."""
     g = epoch_generator(seed, epoch, device)
     if cfg.alternate_flip:
         # A fixed half of the images is flipped in even epochs, the other half in odd ones,

@@ -18,11 +18,12 @@ from lightning import LightningDataModule
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import download_and_extract_archive
 
-from cifar_amp.config import AugmentConfig
-from cifar_amp.data.loader import DeviceBatches
-from cifar_amp.errors import UserError
+from cifar_amp.data.augment import Augment
+from cifar_amp.data.device_batches import DeviceBatches
+from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
+NO_CUTOUT = Augment()  # flip + 4-pixel translate: the defaults of Augment
 
 
 @dataclass(frozen=True)
@@ -131,22 +132,31 @@ class CIFARDataModule(LightningDataModule):
 
     def __init__(
         self,
-        dataset: str = "cifar10",
+        dataset: str = "cifar10",  # a key of SPECS
+        # Folder holding `cifar-10-batches-py/` (or the folder itself). Downloaded here if
+        # missing and `download` is true; a folder you supply is read without checksums.
         data_dir: str = "data",
         download: bool = True,
-        batch_size: int = 512,
-        eval_batch_size: int = 1024,
-        val_split: float = 0.1,
-        augment: AugmentConfig | None = None,
-        seed: int = 42,
-        channels_last: bool = False,
+        batch_size: int = 512,  # per device
+        eval_batch_size: int = 1024,  # per device, for validation and test
+        val_split: float = 0.1,  # fraction of the training set held out, in [0, 1)
+        augment: Augment = NO_CUTOUT,  # on the training device, see data/augment.py
+        seed: int = 42,  # the split and every augmentation draw (the config passes `seed`)
+        channels_last: bool = False,  # batch layout; the precision decides it (build.py)
     ) -> None:
+        if dataset not in SPECS:
+            raise InvalidArgument("dataset", repr(dataset), f"valid: {', '.join(SPECS)}")
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if value < 1:
+                raise InvalidArgument(name, value, "must be >= 1")
+        if not 0.0 <= val_split < 1.0:
+            raise InvalidArgument("val_split", val_split, "must be in [0, 1)")
         super().__init__()
         self.spec = SPECS[dataset]
         self.data_dir, self.download = data_dir, download
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.val_split, self.seed = val_split, seed
-        self.augment = augment or AugmentConfig()
+        self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.channels_last = channels_last
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._train: DeviceBatches | None = None

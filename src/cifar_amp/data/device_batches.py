@@ -30,7 +30,7 @@ class DeviceBatches:
         std: Tensor,
         *,
         train: bool,
-        augment_cfg=None,  # AugmentConfig; training only
+        augment_cfg=None,  # augment.Augment; training only
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,

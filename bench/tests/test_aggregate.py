@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from cifar_amp import metrics
 from cifar_amp.bench import aggregate
-from cifar_amp.train import train
+from cifar_amp.training import train
 from conftest import REPO
 
 JOBS = [

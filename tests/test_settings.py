@@ -1,0 +1,160 @@
+"""One place per setting: schemas come from the constructors, every Trainer argument works,
+a user's DataModule plugs in with one YAML file, old checkpoints still resume."""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+
+from cifar_amp import build, config, metrics
+from cifar_amp.data import CIFARDataModule
+from cifar_amp.module import ImageClassifier
+from cifar_amp.precision import Precision
+from cifar_amp.training import train
+from conftest import CONFIGS, REPO, SHRINK, compose_cfg
+
+LEGACY_CKPT = REPO / "tests" / "assets" / "legacy-last.ckpt"
+
+
+def default(cls, name):
+    return inspect.signature(cls).parameters[name].default
+
+
+def test_defaults_come_from_the_constructors():
+    cfg = compose_cfg("train", ["run_dir=/tmp/unused"])
+    assert cfg.data.batch_size == default(CIFARDataModule, "batch_size")
+    assert cfg.data.val_split == default(CIFARDataModule, "val_split")
+    assert cfg.module.label_smoothing == default(ImageClassifier, "label_smoothing")
+    assert cfg.module.optimizer.lr == default(ImageClassifier, "optimizer").keywords["lr"]
+    assert cfg.precision.scaler.init_scale == default(torch.amp.GradScaler, "init_scale")
+    assert cfg.trainer.inference_mode == default(L.Trainer, "inference_mode")
+
+
+@pytest.mark.parametrize(
+    "override", ["trainer.profiler=simple", "trainer.overfit_batches=1", "trainer.min_epochs=2"]
+)
+def test_every_trainer_argument_is_accepted(make_cfg, override):
+    cfg = make_cfg(override)
+    key, value = override.split("=")
+    trainer = build.trainer(cfg, build.precision(cfg), [], [])
+    assert str(cfg.trainer[key.split(".")[1]]) == value
+    assert trainer is not None
+
+
+def test_a_trainer_typo_names_the_close_match():
+    from cifar_amp.cli import check_overrides
+
+    with pytest.raises(SystemExit) as e:
+        check_overrides(["trainer.min_epoch=2"], CONFIGS, "train")
+    assert e.value.code == 2
+
+
+@pytest.mark.parametrize("override", ["precision.tf32=maybe", "precision.channels_last=abc"])
+def test_precision_settings_are_typed(make_cfg, override):
+    with pytest.raises(ConfigCompositionException):
+        make_cfg(override)
+
+
+@pytest.mark.parametrize(
+    "name,device,expected",
+    [
+        ("16-mixed", "cuda", True),
+        ("bf16-true", "cuda", True),
+        ("32-true", "cuda", False),
+        ("16-mixed", "cpu", False),
+    ],
+)
+def test_channels_last_follows_the_precision_unless_set(name, device, expected):
+    assert Precision(name).channels_last(device) is expected
+    assert Precision(name, channels_last=not expected).channels_last(device) is (not expected)
+
+
+def test_tf32_is_explicit_and_reported(make_cfg):
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        Precision("32-true", tf32=False).apply_tf32("cuda")
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        Precision("32-true", tf32=True).apply_tf32("cuda")
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+    cfg = make_cfg()
+    prec = build.precision(cfg)
+    assert "layout contiguous (NCHW)" in prec.describe(build.trainer(cfg, prec, [], []))
+
+
+def test_a_users_datamodule_plugs_in_with_one_yaml_file(tmp_path):
+    """docs/fork.md's worked example: a class of the user's and configs/data/noise.yaml."""
+    configs = shutil.copytree(CONFIGS, tmp_path / "configs")
+    (configs / "data" / "noise.yaml").write_text(
+        "_target_: noise_datamodule.NoiseDataModule\nnum_classes: 4\nsize: 256\nbatch_size: 16\n"
+    )
+    sys.path.insert(0, str(REPO / "tests" / "examples"))
+    try:
+        from hydra import compose, initialize_config_dir
+
+        config.register()
+        with initialize_config_dir(str(configs), version_base="1.3"):
+            cfg = compose(
+                "train",
+                [
+                    *(o for o in SHRINK if not o.startswith("data.")),
+                    "data=noise",
+                    f"run_dir={tmp_path / 'run'}",
+                    "data.size=160",
+                ],
+            )
+        result = train(cfg)
+    finally:
+        sys.path.remove(str(REPO / "tests" / "examples"))
+    assert 0.0 <= result[metrics.TEST_ACC] <= 1.0
+    ckpt = torch.load(result["tested_ckpt"], map_location="cpu", weights_only=False)
+    assert ckpt["hyper_parameters"]["num_classes"] == 4
+
+
+def test_a_checkpoint_of_the_previous_layout_still_resumes(make_cfg, tmp_path):
+    """tests/assets/legacy-last.ckpt: written before settings moved into the constructors
+    (16-mixed, small_cnn on the tiny folder, epoch 1 of 2)."""
+    ckpt = shutil.copy(LEGACY_CKPT, tmp_path / "legacy.ckpt")
+    cfg = make_cfg(
+        "precision=16-mixed",
+        "trainer.max_epochs=2",
+        "trainer.deterministic=true",
+        f"ckpt_path={ckpt}",
+    )
+    result = train(cfg)
+    assert result[metrics.EPOCHS] == 2
+    last = torch.load(
+        tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False
+    )
+    assert last["global_step"] == 2 * torch.load(ckpt, weights_only=False)["global_step"]
+
+
+def test_the_package_trains_without_the_benchmarks(tmp_path, tiny_data):
+    """A forker may delete bench/: nothing in the package or the entries imports it."""
+    for part in ("src", "configs", "train.py"):
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
+        copy(REPO / part, tmp_path / part)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *SHRINK,
+            f"data.data_dir={tiny_data}",
+            "trainer.fast_dev_run=true",
+        ],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "src"), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not (tmp_path / "bench").exists()
