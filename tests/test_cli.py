@@ -101,6 +101,43 @@ def test_typo_or_wrong_type_gets_one_line_with_what_is_valid(tmp_path, override,
     assert r.stderr.strip().count("\n") == 0 and expected in r.stderr
 
 
+@pytest.mark.parametrize(
+    "sweep,expected",
+    [
+        (
+            "trainer.max_epoch=1,2",
+            "trainer.max_epoch is not a config key; did you mean trainer.max_epochs?",
+        ),
+        (
+            "trainer.max_epochs=1,abc",
+            "trainer.max_epochs=abc: Value 'abc' of type 'str' could not be converted",
+        ),
+    ],
+)
+def test_a_sweep_gets_the_same_one_line_message_as_a_single_run(tmp_path, sweep, expected):
+    r = run("train.py", "-m", sweep, f"hydra.sweep.dir={tmp_path}/sweep", tmp_path=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and expected in r.stderr
+    assert not (tmp_path / "sweep").exists()  # refused before any job started
+
+
+@pytest.mark.slow
+def test_a_bad_value_fails_its_job_alone_and_the_sweep_names_it(tmp_path, tiny_data):
+    r = run(
+        "train.py",
+        "-m",
+        "data.batch_size=16,0",
+        *(o for o in SHRINK if not o.startswith("data.batch_size")),
+        f"data.data_dir={tiny_data}",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        tmp_path=tmp_path,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert (tmp_path / "sweep" / "0" / "metrics.json").is_file()  # the good job ran
+    assert "1 job(s) of the sweep" in r.stderr
+    assert "job 1 (data.batch_size=0): invalid config value for data.batch_size: 0" in r.stderr
+
+
 @pytest.mark.slow
 def test_two_job_multirun_gives_each_job_its_own_run(tmp_path, tiny_data):
     r = run(

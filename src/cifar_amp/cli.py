@@ -72,10 +72,13 @@ class SweepSummary(Callback):
         failed = sorted(root.glob(f"*/{ERROR_FILE}"), key=lambda p: p.parent.name)
         if not failed:
             return
+        jobs = {
+            p.parent.parent.name: _read_overrides(p) for p in root.glob("*/.hydra/overrides.yaml")
+        }
+        varying = set.union(set(), *jobs.values()) - set.intersection(*map(set, jobs.values()))
         lines = []
         for path in failed:
-            overrides = path.parent / ".hydra" / "overrides.yaml"
-            which = " ".join(_read_overrides(overrides)) if overrides.is_file() else ""
+            which = " ".join(o for o in jobs.get(path.parent.name, []) if o in varying)
             lines.append(f"  job {path.parent.name} ({which}): {path.read_text().strip()}")
         print(
             f"error: {len(failed)} job(s) of the sweep in {root} failed:\n" + "\n".join(lines),
