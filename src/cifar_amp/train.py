@@ -20,7 +20,7 @@ from cifar_amp.config import TrainConfig
 from cifar_amp.data import CIFARDataModule
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
-from cifar_amp.reliability import preflight, signals
+from cifar_amp.reliability import preflight, run_dirs, signals
 from cifar_amp.reliability.atomic_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
@@ -149,8 +149,8 @@ def main(cfg: DictConfig) -> float | None:
     """Hydra task function: validate, train, return `optimized_metric` for sweepers."""
     with reported(), hydra_ddp.job():
         obj: TrainConfig = config.to_object(cfg)
-        rank_zero_only(preflight.check_run_dir)(obj.run_dir, obj.ckpt_path)
-        save_resolved_config(cfg, obj.run_dir)
-        result = train(obj)
+        with run_dirs.claim(obj.run_dir, obj.ckpt_path):
+            save_resolved_config(cfg, obj.run_dir)
+            result = train(obj)
         value = result.get(obj.optimized_metric)
         return None if value is None else float(value)
