@@ -13,6 +13,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from cifar_amp import metrics as M
+from cifar_amp import schedules
 from cifar_amp import tta as TTA
 
 NAMES = {
@@ -113,10 +114,7 @@ class ImageClassifier(LightningModule):
         optimizer = self.optimizer_factory(params=self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        kwargs = {}
-        if getattr(self.scheduler_factory, "func", None) is torch.optim.lr_scheduler.OneCycleLR:
-            kwargs["total_steps"] = self.trainer.estimated_stepping_batches
-        scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
+        scheduler = schedules.build(self.scheduler_factory, optimizer, self.trainer)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
