@@ -20,7 +20,7 @@ from cifar_amp.config import TrainConfig
 from cifar_amp.data import CIFARDataModule
 from cifar_amp.errors import UserError, reported
 from cifar_amp.module import ImageClassifier
-from cifar_amp.reliability import preflight, run_dirs, signals
+from cifar_amp.reliability import preflight, run_dirs, run_settings, signals
 from cifar_amp.reliability.atomic_io import AtomicCheckpointIO
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     preflight.check_hardware(cfg.trainer, cfg.precision)
     dm = build_datamodule(cfg)
     module = build_module(cfg, dm.num_classes)
+    settings = run_settings.of(cfg)
     if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
+        run_settings.check(cfg.ckpt_path, settings)  # first: it names the setting that differs
         preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
     if cfg.ckpt_path:
         rank_zero_only(preflight.keep_previous_logs)(cfg.run_dir)
@@ -114,6 +116,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     callbacks = [_instantiate(c, f"callbacks.{k}") for k, c in cfg.callbacks.items() if c]
     if not loggers:  # LearningRateMonitor refuses to run without a logger (logger=none)
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    callbacks.append(run_settings.RecordRunSettings(settings))
     trainer = build_trainer(cfg, callbacks, loggers)
 
     start = time.perf_counter()
