@@ -202,3 +202,27 @@ def test_sigterm_during_validation_stops_after_it_and_resumes_exactly(make_cfg, 
     train(make_cfg(*common, f"run_dir={stopped}", f"ckpt_path={last}"))
     assert_same_weights(tmp_path / "a", stopped)
     assert comparable(tmp_path / "a") == comparable(stopped)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_into_a_new_run_dir_matches_uninterrupted_run(tiny_data, tmp_path):
+    # 3 steps an epoch, and so low a rate that the best epoch stays epoch 0: a resume that lost
+    # the ranking would test a later one.
+    slow = ("data.batch_size=60", "module.optimizer.lr=0.001")
+    ref, old, new = tmp_path / "ref", tmp_path / "old", tmp_path / "new"
+    subprocess.run(_cli(tiny_data, ref, *slow), check=True, env=ENV, capture_output=True)
+    assert comparable(ref)["tested_ckpt"] == "best-epoch000.ckpt"
+    proc = subprocess.Popen(_cli(tiny_data, old, *slow), env=ENV, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (old / "checkpoints" / "best-epoch000.ckpt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=60)
+    last = old / "checkpoints" / "last.ckpt"
+    assert 3 <= torch.load(last, weights_only=False)["global_step"] < 9
+    subprocess.run(
+        _cli(tiny_data, new, *slow, f"ckpt_path={last}"), check=True, env=ENV, capture_output=True
+    )
+    assert_same_weights(ref, new)
+    assert comparable(ref) == comparable(new)
+    assert (new / "checkpoints" / "best-epoch000.ckpt").is_file()

@@ -81,3 +81,49 @@ def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tm
         check_run_dir(str(tmp_path), None)
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")  # written by Lightning on the requeue signal
     check_run_dir(str(tmp_path), None)
+
+
+def test_a_run_dir_in_use_is_refused_until_its_run_ends(tmp_path):
+    from cifar_amp.errors import UserError
+    from cifar_amp.reliability.run_dirs import claim
+
+    with claim(str(tmp_path), None):
+        with pytest.raises(UserError) as e, claim(str(tmp_path), None):
+            pass
+        assert str(e.value) == (
+            f"run dir {tmp_path} is in use by another run (it holds {tmp_path / '.lock'}); "
+            "wait for that run to end or pick a new hydra.run.dir"
+        )
+    with claim(str(tmp_path), None):  # released on exit
+        pass
+
+
+HOLD = (
+    "import sys; from cifar_amp.reliability.run_dirs import claim; "
+    "c = claim(sys.argv[1], None); c.__enter__(); print('held', flush=True); sys.stdin.read()"
+)
+
+
+@pytest.mark.slow
+def test_train_py_in_a_run_dir_another_process_holds_is_refused(tmp_path, tiny_data):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        second = _start(tmp_path, f"data.data_dir={tiny_data}", f"hydra.run.dir={run_dir}")
+        _, err = second.communicate(timeout=300)
+    finally:
+        holder.communicate("")  # released when the holder exits
+    assert second.returncode == 2, err
+    assert err.strip().splitlines()[-1] == (
+        f"error: run dir {run_dir} is in use by another run (it holds {run_dir / '.lock'}); "
+        "wait for that run to end or pick a new hydra.run.dir"
+    )
+    assert not (run_dir / "config.yaml").exists()  # refused before anything was written

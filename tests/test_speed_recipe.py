@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -14,7 +15,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import DataLoader
 
-from cifar_amp import config, metrics, tta
+from cifar_amp import config, metrics, schedules, tta
 from cifar_amp.bench import framework, reference_loop
 from cifar_amp.bench import loader as loader_bench
 from cifar_amp.callbacks import PatchWhitening
@@ -219,7 +220,8 @@ def test_reference_loop_reaches_the_same_weights_as_lightning():
     finally:
         torch.use_deterministic_algorithms(False)  # Lightning sets it process-wide
     opt = module.optimizer_factory(params=net.parameters())
-    sched = module.scheduler_factory(optimizer=opt, total_steps=2 * len(batches))
+    run = SimpleNamespace(estimated_stepping_batches=2 * len(batches))  # the Trainer's answer
+    sched = schedules.build(module.scheduler_factory, opt, run)  # as configure_optimizers does
     reference_loop.fit(net, batches, opt, sched, epochs=2, label_smoothing=0.2)
     for (name, a), b in zip(
         module.net.state_dict().items(), net.state_dict().values(), strict=True

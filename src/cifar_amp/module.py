@@ -15,6 +15,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from cifar_amp import metrics as M
+from cifar_amp import schedules
 from cifar_amp import tta as TTA
 from cifar_amp.errors import InvalidArgument, NestedBuildError
 
@@ -140,12 +141,7 @@ class ImageClassifier(LightningModule):
         optimizer = self.optimizer_factory(params=self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        kwargs = {}
-        if getattr(self.scheduler_factory, "func", None) is torch.optim.lr_scheduler.OneCycleLR:
-            kwargs["total_steps"] = self.trainer.estimated_stepping_batches
-            if "max_lr" not in self.scheduler_factory.keywords:
-                kwargs["max_lr"] = [g["lr"] for g in optimizer.param_groups]
-        scheduler = self.scheduler_factory(optimizer=optimizer, **kwargs)
+        scheduler = schedules.build(self.scheduler_factory, optimizer, self.trainer)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import build, hydra_ddp, metrics
-from cifar_amp.reliability import preflight, signals
+from cifar_amp.reliability import preflight, run_dirs, run_settings, signals
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     layout = prec.channels_last(build.device_type(cfg))
     dm = build.datamodule(cfg, channels_last=layout)
     module = build.module(cfg, dm.num_classes, channels_last=layout)
+    settings = run_settings.of(cfg)
     if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
+        run_settings.check(cfg.ckpt_path, settings)  # first: it names the setting that differs
         preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
     callbacks, loggers = build.callbacks(cfg), build.loggers(cfg)
-    rank_zero_only(preflight.check_run_dir)(cfg.run_dir, cfg.ckpt_path)
-    save_resolved_config(cfg, cfg.run_dir)
-    if cfg.ckpt_path:
-        rank_zero_only(preflight.keep_previous_logs)(cfg.run_dir)
-    trainer = build.trainer(cfg, prec, callbacks, loggers)
+    callbacks.append(run_settings.RecordRunSettings(settings))
+    with run_dirs.claim(cfg.run_dir, cfg.ckpt_path):
+        save_resolved_config(cfg, cfg.run_dir)
+        if cfg.ckpt_path:
+            rank_zero_only(preflight.keep_previous_logs)(cfg.run_dir)
+        trainer = build.trainer(cfg, prec, callbacks, loggers)
+        return _fit_and_test(cfg, prec, trainer, module, dm)
+
+
+def _fit_and_test(cfg: DictConfig, prec, trainer: L.Trainer, module, dm) -> dict[str, Any]:
 
     start = time.perf_counter()
     try:

@@ -1,6 +1,7 @@
 """Lightning callbacks of the template, switched on in YAML (configs/callbacks/, experiments)."""
 
+from cifar_amp.callbacks.checkpoint import ResumableModelCheckpoint
 from cifar_amp.callbacks.precision_diagnostics import PrecisionDiagnostics
 from cifar_amp.callbacks.whitening import PatchWhitening
 
-__all__ = ["PatchWhitening", "PrecisionDiagnostics"]
+__all__ = ["PatchWhitening", "PrecisionDiagnostics", "ResumableModelCheckpoint"]

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from cifar_amp import metrics as M
 from cifar_amp.precision import describe_plugin
+from cifar_amp.reliability import private
 
 
 def _scaler(trainer: Trainer):
@@ -169,9 +170,8 @@ class PrecisionDiagnostics(Callback):
                 changed = norm + 1e-6 > clip
             self._clipped += changed & finite
         scaler = _scaler(trainer)
-        if scaler is not None and scaler._scale is not None:
-            # torch has no public accessor for the scale tensor; get_scale() would sync.
-            self._scale_before = scaler._scale.clone()
+        if scaler is not None and private.scale_tensor(scaler) is not None:
+            self._scale_before = private.scale_tensor(scaler).clone()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
@@ -179,7 +179,9 @@ class PrecisionDiagnostics(Callback):
         self._images += len(batch[0])
         if self._scale_before is not None:
             # GradScaler.update() lowers the scale exactly when the step was skipped for inf/nan.
-            self._skipped += trainer.precision_plugin.scaler._scale < self._scale_before
+            self._skipped += (
+                private.scale_tensor(trainer.precision_plugin.scaler) < self._scale_before
+            )
             self._scale_before = None
 
     # -- validation inside fit is not training time ------------------------------------
@@ -208,8 +210,8 @@ class PrecisionDiagnostics(Callback):
             if trainer.gradient_clip_val:
                 log(M.CLIP_FRACTION, self._clipped / self._steps)
         scaler = _scaler(trainer)
-        if scaler is not None and scaler._scale is not None:
-            log(M.SCALE, scaler._scale.float().reshape(()))
+        if scaler is not None and private.scale_tensor(scaler) is not None:
+            log(M.SCALE, private.scale_tensor(scaler).float().reshape(()))
             log(M.SKIPPED_STEPS, self._skipped)
         peak = (
             torch.cuda.max_memory_allocated(pl_module.device) / 2**20

@@ -13,6 +13,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from cifar_amp.reliability import private
+
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
@@ -22,11 +24,7 @@ def _running_stats_to_scratch(block: nn.Module):
     # update must not land (else they move twice per step). Turning tracking off for the
     # recompute is not an option: BatchNorm would then save fewer tensors than in the first
     # forward and torch.utils.checkpoint raises. So the update goes to throwaway copies.
-    bns = [
-        m
-        for m in block.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-    ]
+    bns = [m for m in block.modules() if isinstance(m, private.BatchNorm) and m.track_running_stats]
     kept = [(m, {k: getattr(m, k) for k in _STATS}) for m in bns]
     for m, bufs in kept:
         for k, t in bufs.items():

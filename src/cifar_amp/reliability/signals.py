@@ -21,6 +21,8 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from cifar_amp.reliability import private
+
 log = logging.getLogger(__name__)
 
 
@@ -57,12 +59,12 @@ class SaveOnSignal(Callback):
             # Lightning would stop mid-validation, and a resume cannot finish a half-run
             # validation exactly (its running metrics are not checkpointed). Stop right
             # after it instead: training checks the flag again at the next boundary.
-            trainer._signal_connector.received_sigterm = False
+            private.set_received_sigterm(trainer, False)
             self._deferred = True
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._deferred:
-            trainer._signal_connector.received_sigterm = True
+            private.set_received_sigterm(trainer, True)
             self._deferred = False
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:

@@ -1,0 +1,36 @@
+"""Every use of a private Lightning or torch name, in one place.
+
+Each is here because no public API does the job (the reason is beside it). A release that
+renames one breaks only this file, and tests/test_private.py, which touches every name on the
+installed versions, says which.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+from torch.amp import GradScaler
+
+# The base of BatchNorm1d/2d/3d, SyncBatchNorm and the lazy variants: the one type that means
+# "has BatchNorm running statistics". No public base class exists.
+BatchNorm = nn.modules.batchnorm._BatchNorm
+
+
+def is_local_path(path) -> bool:
+    """Whether `path` is on the local filesystem (no fsspec protocol such as s3://), by the rule
+    Lightning's own checkpoint code uses."""
+    # Imported here: models/ use this module and stay free of Lightning.
+    from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+    return _is_local_file_protocol(path)
+
+
+def set_received_sigterm(trainer, value: bool) -> None:
+    """Set or clear the flag Lightning's training loop checks at each batch boundary to stop on
+    SIGTERM. `Trainer.received_sigterm` is a read-only property over this connector flag."""
+    trainer._signal_connector.received_sigterm = value
+
+
+def scale_tensor(scaler: GradScaler) -> Tensor | None:
+    """The GradScaler's scale as the device tensor it keeps (None before its first use).
+    `GradScaler.get_scale()` returns a Python float, which is a device sync per call."""
+    return scaler._scale

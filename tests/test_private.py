@@ -1,0 +1,38 @@
+"""Every private Lightning/torch name the package relies on still exists and still means what
+reliability/private.py says, on the installed versions."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import nn
+
+from cifar_amp.reliability import private
+
+
+def test_local_path_rule():
+    assert private.is_local_path("/runs/a/last.ckpt") and private.is_local_path("file:///a.ckpt")
+    assert not private.is_local_path("s3://bucket/last.ckpt")
+
+
+def test_sigterm_flag_is_the_one_the_trainer_reads():
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    private.set_received_sigterm(trainer, True)
+    assert trainer.received_sigterm
+    private.set_received_sigterm(trainer, False)
+    assert not trainer.received_sigterm
+
+
+def test_scale_tensor_is_the_scale_without_a_sync():
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    assert private.scale_tensor(scaler) is None  # created lazily, on first use
+    scaler.scale(torch.ones(()))
+    scale = private.scale_tensor(scaler)
+    assert isinstance(scale, torch.Tensor) and scale.item() == scaler.get_scale() == 1024.0
+
+
+def test_batchnorm_base_covers_every_batchnorm_and_nothing_else():
+    for bn in (nn.BatchNorm1d(2), nn.BatchNorm2d(2), nn.SyncBatchNorm(2), nn.LazyBatchNorm2d()):
+        assert isinstance(bn, private.BatchNorm) and hasattr(bn, "running_mean")
+    for other in (nn.LayerNorm(2), nn.GroupNorm(1, 2), nn.InstanceNorm2d(2)):
+        assert not isinstance(other, private.BatchNorm)
