@@ -1,2 +1,3 @@
-"""Benchmark commands (`python -m cifar_amp.bench.<name>`): they measure and record, and
-never assert. Measured results: docs/benchmarks-precision.md."""
+"""Benchmark commands (`python -m bench.<name>`, from the repo root): they measure and
+record, and never assert. Clients of the package's public names only: delete bench/ and
+nothing else breaks. Measured results: docs/benchmarks*.md."""

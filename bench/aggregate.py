@@ -1,4 +1,4 @@
-"""`python -m cifar_amp.bench.aggregate <multirun dir> [--metrics a,b]`: one table of a sweep.
+"""`python -m bench.aggregate <multirun dir> [--metrics a,b]`: one table of a sweep.
 
 Every job directory of a Hydra multirun (any sweeper: basic grid, Optuna, ...) holds its
 overrides in `.hydra/overrides.yaml` and, once finished, `metrics.json`. This writes
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from bench import report
 from cifar_amp import metrics
-from cifar_amp.bench import report
 from cifar_amp.errors import UserError, reported
 
 DEFAULT_CHART = (
@@ -115,7 +115,7 @@ def write(sweep_dir: Path, chart_metrics: list[str] | None = None) -> list[dict]
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m cifar_amp.bench.aggregate", description=__doc__.split("\n\n")[0]
+        prog="python -m bench.aggregate", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory")
     parser.add_argument(

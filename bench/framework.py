@@ -1,7 +1,7 @@
 """Lightning loop vs the plain-PyTorch reference loop, side by side in one process.
 
-    python -m cifar_amp.bench.framework                      # CPU, SpeedNet at a small width
-    python -m cifar_amp.bench.framework --device cuda --n-images 50000 --batch-size 1024 \
+    python -m bench.framework                      # CPU, SpeedNet at a small width
+    python -m bench.framework --device cuda --n-images 50000 --batch-size 1024 \
         --widths 64,256,256 --precision bf16-mixed --channels-last --compile
 
 Both loops train the same network (same initial weights) on the same device-resident
@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import inspect
 import json
 import statistics
 import time
 import warnings
+from types import SimpleNamespace
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
 
-from cifar_amp import precision as P
-from cifar_amp.bench import reference_loop
-from cifar_amp.config import AugmentConfig, ModuleConfig, PrecisionConfig, TrainerConfig
-from cifar_amp.data import SPECS
-from cifar_amp.data.loader import DeviceBatches
+from bench import reference_loop
+from cifar_amp import schedules
+from cifar_amp.data import SPECS, Augment, DeviceBatches
 from cifar_amp.module import ImageClassifier
+from cifar_amp.precision import Precision
 
 
 def sync(device: torch.device) -> None:
@@ -61,7 +62,7 @@ def make_data(
     images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g).to(device)
     labels = torch.randint(0, 10, (n,), generator=g).to(device)
     spec = SPECS["cifar10"]
-    augment = AugmentConfig(flip=True, alternate_flip=True, translate=2)
+    augment = Augment(flip=True, alternate_flip=True, translate=2)
     return DeviceBatches(
         images,
         labels,
@@ -76,13 +77,14 @@ def make_data(
 
 
 def make_module(args) -> ImageClassifier:
-    defaults = ModuleConfig()
+    # The module's own optimizer and schedule (its constructor's defaults), at `--lr`.
+    defaults = inspect.signature(ImageClassifier).parameters
     torch.manual_seed(args.seed)
     return ImageClassifier(
         net={"_target_": "cifar_amp.models.SpeedNet", "widths": args.widths},
         num_classes=10,
-        optimizer=instantiate({**defaults.optimizer, "lr": args.lr}),
-        scheduler=instantiate(defaults.scheduler, max_lr=args.lr),
+        optimizer=functools.partial(defaults["optimizer"].default, lr=args.lr),
+        scheduler=functools.partial(defaults["scheduler"].default, max_lr=args.lr),
         label_smoothing=args.label_smoothing,
         channels_last=args.channels_last,
         compile=args.compile,
@@ -93,7 +95,6 @@ def run_lightning(
     module: ImageClassifier, loader: DeviceBatches, args, device: torch.device
 ) -> float:
     clock = Clock(device)
-    tcfg = TrainerConfig(accelerator=device.type, devices=1)
     trainer = L.Trainer(
         accelerator=device.type,
         devices=1,
@@ -105,7 +106,7 @@ def run_lightning(
         num_sanity_val_steps=0,
         benchmark=device.type == "cuda",
         callbacks=[clock],
-        **P.trainer_kwargs(PrecisionConfig(name=args.precision), tcfg),
+        **Precision(args.precision).trainer_kwargs(device.type),
     )
     trainer.fit(module, train_dataloaders=loader)
     return clock.seconds
@@ -116,7 +117,8 @@ def run_plain(module: ImageClassifier, loader: DeviceBatches, args, device: torc
     if args.compile:
         net.compile()
     optimizer = module.optimizer_factory(params=net.parameters())
-    scheduler = module.scheduler_factory(optimizer=optimizer, total_steps=args.epochs * len(loader))
+    run = SimpleNamespace(estimated_stepping_batches=args.epochs * len(loader))
+    scheduler = schedules.build(module.scheduler_factory, optimizer, run)  # as the module does
     sync(device)
     start = time.perf_counter()
     reference_loop.fit(

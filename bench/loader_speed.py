@@ -1,6 +1,6 @@
 """The template's training loader against torchvision's usual CIFAR pipeline, in one run.
 
-    python -m cifar_amp.bench.loader --data-dir /work/shared/data/cifar10-subset
+    python -m bench.loader_speed --data-dir /work/shared/data/cifar10-subset
 
 Both serve the training split of the same folder at the same batch size with the same kind
 of augmentation (random crop with 4-pixel padding, random horizontal flip, normalisation):
@@ -23,8 +23,7 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import CIFAR10
 
-from cifar_amp.config import AugmentConfig
-from cifar_amp.data import SPECS, CIFARDataModule
+from cifar_amp.data import SPECS, Augment, CIFARDataModule
 from cifar_amp.data.cifar import find_folder
 
 
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         download=False,
         batch_size=args.batch_size,
         val_split=0.0,
-        augment=AugmentConfig(flip=True, translate=4),
+        augment=Augment(flip=True, translate=4),
     )
     dm.setup("fit")
     dm.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in dm.splits.items()}

@@ -1,7 +1,7 @@
 """What a callback costs: fit time with and without it, runs interleaved in one process.
 
-    python -m cifar_amp.bench.overhead experiment=cpu_quick data.data_dir=<folder>
-    python -m cifar_amp.bench.overhead --callback precision_diagnostics --repeats 4 [overrides]
+    python -m bench.overhead experiment=cpu_quick data.data_dir=<folder>
+    python -m bench.overhead --callback precision_diagnostics --repeats 4 [overrides]
 
 Interleaving (with, without, with, ...) and taking medians keeps a shared, noisy machine's
 drift out of the ratio; validation and test are off so only the training loop is timed.
@@ -18,9 +18,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from cifar_amp import config
-from cifar_amp.train import train
+from cifar_amp.training import train
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def measure(callback: str, repeats: int, overrides: list[str]) -> dict:
@@ -33,6 +33,7 @@ def measure(callback: str, repeats: int, overrides: list[str]) -> dict:
         "trainer.enable_progress_bar=false",
     ]
     runs = {"with": [], "without": []}
+    config.register()
     with (
         tempfile.TemporaryDirectory() as tmp,
         initialize_config_dir(str(CONFIGS), version_base="1.3"),
@@ -40,7 +41,7 @@ def measure(callback: str, repeats: int, overrides: list[str]) -> dict:
         for i in range(repeats):
             for name, extra in (("with", []), ("without", [f"~callbacks.{callback}"])):
                 cfg = compose("train", overrides=[*base, *extra, f"run_dir={tmp}/{name}{i}"])
-                runs[name].append(train(config.to_object(cfg))["fit_seconds"])
+                runs[name].append(train(cfg)["fit_seconds"])
     w, wo = statistics.median(runs["with"]), statistics.median(runs["without"])
     return {
         "callback": callback,

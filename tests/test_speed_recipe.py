@@ -1,11 +1,9 @@
 """The speed recipe's pieces: whitening, alternating flips, TTA, weight averaging, the
-reference loop, and smoke runs of the experiment and the benchmark commands."""
+and a smoke run of the experiment (the benchmark commands' own tests: bench/tests/)."""
 
 from __future__ import annotations
 
-import copy
 import json
-from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -15,9 +13,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import DataLoader
 
-from cifar_amp import config, metrics, schedules, tta
-from cifar_amp.bench import framework, reference_loop
-from cifar_amp.bench import loader as loader_bench
+from cifar_amp import metrics, tta
 from cifar_amp.callbacks import PatchWhitening
 from cifar_amp.callbacks.whitening import patches
 from cifar_amp.data import Augment as AugmentConfig
@@ -183,52 +179,6 @@ def test_ema_callback_of_the_recipe_matches_a_hand_computation(tmp_path):
     assert not torch.equal(toy.trace[-1][0], expected[0])  # and it is not just the last weights
 
 
-def test_reference_loop_reaches_the_same_weights_as_lightning():
-    n, bs = 48, 16
-    images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8)
-    labels = torch.randint(0, 10, (n,))
-    mean, std = torch.tensor([0.5] * 3), torch.tensor([0.25] * 3)
-    batches = DeviceBatches(
-        images,
-        labels,
-        bs,
-        mean,
-        std,
-        train=True,
-        augment_cfg=AugmentConfig(alternate_flip=True, translate=2),
-    )
-    defaults = config.ModuleConfig()
-    torch.manual_seed(0)
-    module = ImageClassifier(
-        {"_target_": "cifar_amp.models.SpeedNet", "widths": [8, 8, 16]},
-        10,
-        optimizer=instantiate(defaults.optimizer),
-        scheduler=instantiate(defaults.scheduler, max_lr=0.2),
-        label_smoothing=0.2,
-    )
-    net = copy.deepcopy(module.net)
-    try:
-        L.Trainer(
-            max_epochs=2,
-            accelerator="cpu",
-            deterministic=True,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        ).fit(module, train_dataloaders=batches)
-    finally:
-        torch.use_deterministic_algorithms(False)  # Lightning sets it process-wide
-    opt = module.optimizer_factory(params=net.parameters())
-    run = SimpleNamespace(estimated_stepping_batches=2 * len(batches))  # the Trainer's answer
-    sched = schedules.build(module.scheduler_factory, opt, run)  # as configure_optimizers does
-    reference_loop.fit(net, batches, opt, sched, epochs=2, label_smoothing=0.2)
-    for (name, a), b in zip(
-        module.net.state_dict().items(), net.state_dict().values(), strict=True
-    ):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
-
-
 def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
     cfg = compose_cfg(
         "train",
@@ -256,29 +206,3 @@ def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
     stem = ckpt["state_dict"]["net.stem.weight"]
     # Whitened at fit start ([W, -W] pairs) and frozen: training kept the pairs exact.
     assert torch.equal(stem[12:], -stem[:12])
-
-
-@pytest.mark.slow  # four Lightning/plain fits in a row
-def test_framework_benchmark_runs_tiny():
-    report = framework.main(
-        [
-            "--n-images",
-            "128",
-            "--batch-size",
-            "16",
-            "--widths",
-            "8,8,8",
-            "--epochs",
-            "1",
-            "--repeats",
-            "1",
-        ]
-    )
-    assert report["images_per_epoch"] == 128 and report["ratio_lightning_over_plain"] > 0
-
-
-def test_loader_benchmark_runs_tiny(tiny_data):
-    report = loader_bench.main(
-        ["--data-dir", str(tiny_data), "--batch-size", "40", "--epochs", "1", "--workers", "0"]
-    )
-    assert report["train_images"] == 200 and report["speedup"] > 0

@@ -6,10 +6,10 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from bench import aggregate
 from cifar_amp import metrics
-from cifar_amp.bench import aggregate
 from cifar_amp.training import train
-from conftest import REPO
+from conftest import REPO, make_cfg, tiny_data
 
 JOBS = [
     ["precision=32-true", "model.activation_checkpointing=0", "trainer.max_epochs=1"],
@@ -98,7 +98,7 @@ def test_precision_sweep_then_aggregate_cli(tmp_path, tiny_data):
     ]
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True)
     out = subprocess.run(
-        [sys.executable, "-m", "cifar_amp.bench.aggregate", str(sweep_dir)],
+        [sys.executable, "-m", "bench.aggregate", str(sweep_dir)],
         cwd=REPO,
         env=env,
         check=True,

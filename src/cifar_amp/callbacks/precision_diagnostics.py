@@ -29,7 +29,7 @@ def _scaler(trainer: Trainer):
     return scaler if scaler is not None and scaler.is_enabled() else None
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     # ru_maxrss is KiB on Linux, bytes on macOS; it is the process peak (never reset).
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
@@ -216,7 +216,7 @@ class PrecisionDiagnostics(Callback):
         peak = (
             torch.cuda.max_memory_allocated(pl_module.device) / 2**20
             if self._cuda
-            else _peak_rss_mb()
+            else peak_rss_mb()
         )
         log(M.PEAK_MEMORY_MB, float(peak))
         if self._train_seconds > 0:

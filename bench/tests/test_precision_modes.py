@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from cifar_amp.bench import precision as bench
-from conftest import REPO, SHRINK, compose_cfg
+from bench import precision_modes as bench
+from conftest import REPO, SHRINK, compose_cfg, tiny_data
 
 TINY = (
     "model=small_cnn",
@@ -14,22 +14,22 @@ TINY = (
     "model.hidden=32",
     "data.batch_size=16",
     "warmup_steps=2",
-    "trainer.limit_train_batches=5",
-    "trainer.limit_val_batches=1",
+    "timed_steps=3",
     "module.scheduler=null",
 )
 
 
 def test_bench_writes_table_chart_and_overhead(tiny_data, tmp_path):
     # Composed but unresolved, as the CLI hands it over: each case's `${run_dir}` must follow it.
+    bench.register()
     cfg = compose_cfg(
-        "bench_precision",
+        bench.CONFIG_NAME,
         (
             *SHRINK,
             *TINY,
             f"data.data_dir={tiny_data}",
             f"run_dir={tmp_path}",
-            "modes=[32-true,bf16-mixed]",
+            "modes=[32-true-strict,32-true,bf16-mixed]",
             "checkpointing=[0,1]",
             "overhead_modes=[32-true]",
             "isolate=false",
@@ -37,6 +37,8 @@ def test_bench_writes_table_chart_and_overhead(tiny_data, tmp_path):
     )
     rows = bench.run(cfg)
     assert [(r["mode"], r["checkpointing"], r["diagnostics"]) for r in rows] == [
+        ("32-true-strict", 0, True),
+        ("32-true-strict", 1, True),
         ("32-true", 0, True),
         ("32-true", 1, True),
         ("bf16-mixed", 0, True),
@@ -45,14 +47,13 @@ def test_bench_writes_table_chart_and_overhead(tiny_data, tmp_path):
     ]
     for r in rows:
         assert r["step_ms"] > 0 and r["images_per_sec"] > 0 and r["peak_memory_mb"] > 0
-        assert r["timed_steps"] == 5 - 2  # limit_train_batches minus warm-up
-        assert 0 <= r["test_acc"] <= 1
+        assert r["timed_steps"] == 3  # after the 2 warm-up steps
         assert "max_batch_size" not in r  # CPU: the finder is not run
     md = (tmp_path / "bench_precision.md").read_text()
     assert "| bf16-mixed | 1 |" in md and "PrecisionDiagnostics overhead" in md
-    assert "Largest batch size per mode: CPU: not run" in md
+    assert "| 32-true-strict | 0 |" in md and "Largest batch size per mode: CPU: not run" in md
     assert (tmp_path / "bench_precision.png").read_bytes()[:4] == b"\x89PNG"
-    assert (tmp_path / "bf16-mixed_ckpt1" / "checkpoints" / "last.ckpt").is_file()
+    assert not list(tmp_path.glob("**/*.ckpt"))  # timing only: nothing checkpointed
     assert json.loads((tmp_path / "bench_precision.json").read_text()) == rows
 
 
@@ -63,7 +64,7 @@ def test_bench_isolated_cases_via_cli(tiny_data, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "cifar_amp.bench.precision",
+        "bench.precision_modes",
         *SHRINK,
         *TINY,
         f"data.data_dir={tiny_data}",
@@ -79,8 +80,7 @@ def test_bench_isolated_cases_via_cli(tiny_data, tmp_path):
 
 
 def test_overhead_benchmark_times_both_sides(tiny_data):
-    from cifar_amp.bench.overhead import measure
-    from conftest import SHRINK
+    from bench.overhead import measure
 
     out = measure("precision_diagnostics", 1, [*SHRINK, f"data.data_dir={tiny_data}"])
     assert len(out["fit_seconds"]["with"]) == len(out["fit_seconds"]["without"]) == 1
