@@ -5,7 +5,7 @@ written out by hand: the same DeviceBatches (same order and augmentation per epo
 and GradScaler as the precision plugin sets them up, zero_grad(set_to_none) -> forward ->
 backward -> step -> per-step scheduler, and the epoch's loss and accuracy accumulated on the
 device and read once per epoch. From the same initial weights it reaches the same weights as
-the Lightning loop (tests/test_speed_recipe.py), so timing both compares loops, not work.
+the Lightning loop (bench/tests/test_speed.py), so timing both compares loops, not work.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def flip_translate(images_hwc: Tensor, idx: Tensor, d: Draw) -> Tensor:
 
     Why one gather on the stored uint8 pixels: flipping, padding and cropping float batches
     one op at a time reads and writes the batch several times in float32; this is the loop's
-    augmentation cost cut about 6x on CPU (python -m cifar_amp.bench.loader).
+    augmentation cost cut about 6x on CPU (python -m bench.loader_speed).
     """
     _, h, w, c = images_hwc.shape
     ar_h = torch.arange(h, device=idx.device)[None, :]
