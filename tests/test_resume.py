@@ -213,12 +213,16 @@ def test_sigkill_then_resume_into_a_new_run_dir_matches_uninterrupted_run(tiny_d
     subprocess.run(_cli(tiny_data, ref, *slow), check=True, env=ENV, capture_output=True)
     assert comparable(ref)["tested_ckpt"] == "best-epoch000.ckpt"
     proc = subprocess.Popen(_cli(tiny_data, old, *slow), env=ENV, stderr=subprocess.DEVNULL)
+    best, last = old / "checkpoints" / "best-epoch000.ckpt", old / "checkpoints" / "last.ckpt"
+
+    def epoch_saved() -> bool:  # the best file, then last.ckpt after it (two writes: wait both)
+        return best.exists() and last.exists() and last.stat().st_mtime >= best.stat().st_mtime
+
     deadline = time.monotonic() + 300
-    while not (old / "checkpoints" / "best-epoch000.ckpt").exists() and time.monotonic() < deadline:
+    while not epoch_saved() and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.kill()
     proc.wait(timeout=60)
-    last = old / "checkpoints" / "last.ckpt"
     assert 3 <= torch.load(last, weights_only=False)["global_step"] < 9
     subprocess.run(
         _cli(tiny_data, new, *slow, f"ckpt_path={last}"), check=True, env=ENV, capture_output=True
