@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
@@ -42,8 +43,6 @@ def build(node: Any, key: str, recursive: bool = True, **kwargs) -> Any:
 
 def device_type(cfg: DictConfig) -> str:
     """The torch device type the run will train on ("cuda" or "cpu")."""
-    import torch
-
     acc = str(cfg.trainer.accelerator)
     if acc in ("gpu", "cuda"):
         return "cuda"

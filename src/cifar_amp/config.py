@@ -53,8 +53,6 @@ def _field_type(hint: Any) -> Any:
         rest = [a for a in args if a is not type(None)]
         if len(rest) == 1 and len(args) == 2 and _field_type(rest[0]) is not Any:
             return Optional[_field_type(rest[0])]
-        if set(rest) == {int, float}:  # e.g. gradient_clip_val; not limit_* (int = batches)
-            return Any
     if origin is typing.Literal and all(isinstance(a, str) for a in args):
         return str
     return Any
