@@ -31,7 +31,7 @@ from cifar_amp.errors import UserError
 from cifar_amp.inputs import read
 from cifar_amp.prediction import load, normaliser
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cifar_amp.export")  # not "__main__" under python -m
 
 SUFFIXES = {"onnx": ".onnx", "torch_export": ".pt2"}
 TRACE_BATCH = 2  # torch.export specialises sizes 0 and 1, so trace with 2 and verify others
@@ -91,7 +91,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    print(
+    log.info(
         f"Exported {cfg.format} to {out} ({out.stat().st_size / 1e6:.1f} MB, tta={module.tta}, "
         f"dynamic batch). Verified on {min(len(inputs.names), cfg.verify_images)} image(s) of "
         f"input={cfg.input} at batch sizes {len(images)} and 1: max |logit difference| "
