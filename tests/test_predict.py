@@ -135,7 +135,7 @@ def test_folder_of_png_and_jpeg_of_any_size(ckpt, test_batch, tmp_path):
     assert [r["class"] for r in rows] == [names[k] for k in p.argmax(1)]
     assert all(r["label"] == "" for r in rows)
     # A lossless 32x32 PNG gives what the batch file gives for the same image.
-    batch_rows = run_predict(tmp_path / "batch", ckpt, test_batch, "batch_size=1")
+    batch_rows = run_predict(tmp_path / "batch", ckpt, test_batch)
     png = next(r for r in rows if r["file"] == "im1.png")
     torch.testing.assert_close(
         probabilities([png]), probabilities(batch_rows[1:2]), atol=2e-5, rtol=0
