@@ -62,7 +62,9 @@ def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataM
     return build(cfg.data, "data", **({"channels_last": channels_last} if takes_layout else {}))
 
 
-def module(cfg: DictConfig, num_classes: int, channels_last: bool = False) -> ImageClassifier:
+def module(
+    cfg: DictConfig, num_classes: int, channels_last: bool = False, data_meta: dict | None = None
+) -> ImageClassifier:
     # The model's config, not the model: the module builds it and saves it in checkpoints.
     # Not recursive: Hydra would build `net` without `num_classes`; the module builds it (and
     # its optimizer partials) itself.
@@ -73,6 +75,7 @@ def module(cfg: DictConfig, num_classes: int, channels_last: bool = False) -> Im
         net=_plain(cfg.model),
         num_classes=num_classes,
         channels_last=channels_last,
+        data_meta=data_meta,
     )
 
 

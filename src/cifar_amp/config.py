@@ -144,6 +144,36 @@ class EvalConfig:
     ckpt_path: Optional[str] = None  # required: the checkpoint to test
 
 
+@dataclass
+class PredictConfig:
+    """The top of `configs/predict.yaml`: network and class names come from the checkpoint."""
+
+    precision: Any = None
+    trainer: Any = None
+    run_dir: str = "${hydra:runtime.output_dir}"  # predictions.csv
+    ckpt_path: Optional[str] = None  # required: the checkpoint to predict with
+    input: Optional[str] = None  # required: a folder of images, an image file, a CIFAR batch file
+    batch_size: int = 256  # images per forward pass
+    tta: Optional[str] = None  # test-time augmentation; null: the checkpoint's (module.tta)
+
+
+@dataclass
+class ExportConfig:
+    """The top of `configs/export.yaml`: export a checkpoint's network, verified on `input`."""
+
+    run_dir: str = "${hydra:runtime.output_dir}"
+    ckpt_path: Optional[str] = None  # required: the checkpoint to export
+    format: str = "onnx"  # onnx | torch_export
+    output: Optional[str] = None  # null: <run_dir>/model.onnx or model.pt2
+    # Real images to verify the exported model on: a folder, an image file, a CIFAR batch file.
+    input: str = "data/cifar-10-batches-py/test_batch"
+    verify_images: int = 64  # how many of them (at this batch size and at batch size 1)
+    # Exported logits must be within atol + rtol * |PyTorch's| of the PyTorch module's.
+    atol: float = 1e-4
+    rtol: float = 1e-4
+    tta: Optional[str] = None  # test-time augmentation built in; null: the checkpoint's
+
+
 def sqlite_url(path: str) -> str:
     """``${sqlite:<file>}`` -> a SQLAlchemy URL, creating the file's folder (SQLite does not),
     so that the Optuna study of ``hparams_search`` can live under ``logs/`` on a fresh clone."""
@@ -160,6 +190,8 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(name="predict_schema", node=PredictConfig)
+    cs.store(name="export_schema", node=ExportConfig)
     for name in models.__all__:  # num_classes: the data decides it
         cs.store(
             group="schema/model", name=name, node=schema(getattr(models, name), ("num_classes",))
@@ -173,8 +205,8 @@ def register() -> None:
                 name=name,
                 node=schema(cls, ("channels_last",), {"seed": "${seed}"}),
             )
-    # net, num_classes, channels_last: passed by build.py from model, data and precision
-    excluded = ("net", "num_classes", "channels_last")
+    # net, num_classes, channels_last, data_meta: passed by build.py from model, data, precision
+    excluded = ("net", "num_classes", "channels_last", "data_meta")
     cs.store(
         group="schema/module", name="ImageClassifier", node=schema(module.ImageClassifier, excluded)
     )

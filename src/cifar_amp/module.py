@@ -53,6 +53,9 @@ class ImageClassifier(LightningModule):
         tta: str = "none",
         tta_shift: int = 1,
         tta_val: bool = False,
+        # What the network expects (the DataModule's `meta`: class names, mean/std, image
+        # size); passed by build.py and kept in every checkpoint for predict and export.
+        data_meta: Optional[dict] = None,
     ) -> None:
         if not 0.0 <= label_smoothing < 1.0:
             raise InvalidArgument("label_smoothing", label_smoothing, "must be in [0, 1)")
@@ -130,6 +133,12 @@ class ImageClassifier(LightningModule):
 
     def test_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "test")
+
+    def predict_step(self, batch, batch_idx: int) -> Tensor:
+        """Class probabilities (N, num_classes), float32, of images normalised as in training
+        (a batch, or a tuple whose first item is one), with the test-time augmentation of test."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return TTA.predict(self, x, self.tta, self.tta_shift).float().softmax(-1)
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:

@@ -39,7 +39,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     preflight.check_hardware(cfg)
     layout = prec.channels_last(build.device_type(cfg))
     dm = build.datamodule(cfg, channels_last=layout)
-    module = build.module(cfg, dm.num_classes, channels_last=layout)
+    # A DataModule of yours need not have `meta`; predict then refuses its checkpoints.
+    module = build.module(cfg, dm.num_classes, layout, getattr(dm, "meta", None))
     settings = run_settings.of(cfg)
     if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
         run_settings.check(cfg.ckpt_path, settings)  # first: it names the setting that differs

@@ -20,12 +20,12 @@ MODES = ("none", "flip", "flip_shift")
 
 def _flip_mean(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     # One forward over both views: one larger batch is cheaper than two small ones.
-    return net(torch.cat([x, x.flip(-1)])).view(2, len(x), -1).mean(0)
+    return net(torch.cat([x, x.flip(-1)])).unflatten(0, (2, -1)).mean(0)
 
 
 def views(x: Tensor, shift: int) -> list[Tensor]:
     """The two shifted copies of `x` that `flip_shift` uses (before mirroring)."""
-    s = torch.full((len(x), 2), shift, device=x.device)
+    s = torch.full((x.shape[0], 2), shift, device=x.device)
     return [translate(x, -s, shift), translate(x, s, shift)]
 
 

@@ -7,6 +7,7 @@ labels so that a broken folder is reported by file, not as a crash in the middle
 
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 from dataclasses import dataclass
@@ -32,10 +33,24 @@ class Spec:
     num_classes: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    classes: tuple[str, ...]  # the official label names, for folders without a names file
 
     @property
     def folder(self) -> str:
         return self.tv.base_folder
+
+    @property
+    def names_file(self) -> str:  # batches.meta (CIFAR-10) or meta (CIFAR-100)
+        return self.tv.meta["filename"]
+
+    def meta(self, class_names: list[str] | None = None) -> dict:
+        """What a network trained on this data expects (see CIFARDataModule.meta)."""
+        return {
+            "class_names": list(class_names or self.classes),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "image_size": [32, 32],
+        }
 
     @property
     def train_files(self) -> list[str]:
@@ -46,10 +61,57 @@ class Spec:
         return [name for name, _ in self.tv.test_list]
 
 
+# The official label names, in label order (torchvision reads them from the names file only).
+CIFAR10_CLASSES = "airplane automobile bird cat deer dog frog horse ship truck"
+CIFAR100_CLASSES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy
+bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach
+couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
+keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain mouse
+mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
+porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
+snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
+tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm"""
+
 SPECS = {
-    "cifar10": Spec(CIFAR10, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": Spec(CIFAR100, 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "cifar10": Spec(
+        CIFAR10,
+        10,
+        (0.4914, 0.4822, 0.4465),
+        (0.2470, 0.2435, 0.2616),
+        tuple(CIFAR10_CLASSES.split()),
+    ),
+    "cifar100": Spec(
+        CIFAR100,
+        100,
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
+        tuple(CIFAR100_CLASSES.split()),
+    ),
 }
+
+
+def read_class_names(folder: Path, spec: Spec) -> list[str] | None:
+    """The label names in `folder`'s names file, or None where it has none (or a broken one)."""
+    path = folder / spec.names_file
+    if not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as f:
+            names = [str(n) for n in pickle.load(f, encoding="latin1")[spec.tv.meta["key"]]]
+    except Exception as e:  # only the names are lost: the official ones stand in
+        log.warning(
+            "%s is unreadable (%s: %s); using the official names", path, type(e).__name__, e
+        )
+        return None
+    if len(names) != spec.num_classes:
+        log.warning(
+            "%s names %d classes, not %d; using the official names",
+            path,
+            len(names),
+            spec.num_classes,
+        )
+        return None
+    return names
 
 
 def find_folder(data_dir: str | Path, spec: Spec) -> Path | None:
@@ -165,6 +227,14 @@ class CIFARDataModule(LightningDataModule):
     @property
     def num_classes(self) -> int:
         return self.spec.num_classes
+
+    @functools.cached_property
+    def meta(self) -> dict:
+        """What the trained network expects, saved in every checkpoint (`data_meta`) so that
+        predict and export need no data: `class_names` (from the folder's names file, else
+        the official ones), `mean` and `std` (in [0, 1] pixel units), `image_size` [H, W]."""
+        folder = find_folder(self.data_dir, self.spec)
+        return self.spec.meta(folder and read_class_names(folder, self.spec))
 
     def prepare_data(self) -> None:
         locate_or_download(self.data_dir, self.spec, self.download)

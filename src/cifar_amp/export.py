@@ -1,0 +1,175 @@
+"""Export a checkpoint's evaluation network, verified before it is written:
+
+    python -m cifar_amp.export ckpt_path=<ckpt> format=onnx|torch_export [output=<file>]
+
+The network is the one test evaluates: the checkpoint's `state_dict` (the averaged weights
+where the run used weight averaging), in eval mode, with the checkpoint's test-time
+augmentation built in (`tta=none` leaves it out). Input `images`: float32 (N, 3, H, W),
+normalised as in training; output `logits` (N, classes); the batch dimension is dynamic. What
+a deployment needs besides (class names, mean/std, image size) travels inside the file:
+ONNX metadata_props, or `meta.json` among the exported program's extra files.
+
+Before the file is written, it is loaded back (onnxruntime, or torch.export.load) and run on
+real images at two batch sizes other than the traced one; its logits must be within
+`atol + rtol * |logits|` of the PyTorch module's. Export runs on the CPU, in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor, nn
+
+from cifar_amp import tta as TTA
+from cifar_amp.errors import UserError
+from cifar_amp.inputs import read
+from cifar_amp.prediction import load, normaliser
+
+log = logging.getLogger("cifar_amp.export")  # not "__main__" under python -m
+
+SUFFIXES = {"onnx": ".onnx", "torch_export": ".pt2"}
+TRACE_BATCH = 2  # torch.export specialises sizes 0 and 1, so trace with 2 and verify others
+
+
+class EvalNet(nn.Module):
+    """The network with the test-time augmentation test uses: images -> logits."""
+
+    def __init__(self, net: nn.Module, tta: str, tta_shift: int) -> None:
+        super().__init__()
+        self.net, self.tta, self.tta_shift = net, tta, tta_shift
+
+    def forward(self, images: Tensor) -> Tensor:
+        return TTA.predict(self.net, images, self.tta, self.tta_shift)
+
+
+def export(cfg: DictConfig) -> dict[str, Any]:
+    """Export, verify, then write `cfg.output` (default `<run_dir>/model.<onnx|pt2>`)."""
+    if not cfg.ckpt_path:
+        raise UserError(
+            "ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/best-epoch009.ckpt"
+        )
+    if cfg.format not in SUFFIXES:
+        raise UserError(f"format={cfg.format} is not an option; valid: {', '.join(SUFFIXES)}")
+    if cfg.verify_images < 1:
+        raise UserError(
+            f"invalid config value for verify_images: {cfg.verify_images}; must be >= 1"
+        )
+    module, meta = load(cfg.ckpt_path, **({"tta": cfg.tta} if cfg.tta else {}))
+    n = module.hparams.num_classes
+    if not Path(cfg.input).exists():
+        raise UserError(
+            f"input={cfg.input}: no such file or folder; the export is verified on real images: "
+            "give input=<a folder of images, an image file or a CIFAR batch file>"
+        )
+    inputs = read(cfg.input, meta, n)
+    if not inputs.names:
+        raise UserError(f"none of the images in input={cfg.input} could be read")
+    images = normaliser(meta)(inputs.images[: cfg.verify_images])
+    # At least 3, so that both verified batch sizes differ from the traced one.
+    images = images[torch.arange(max(len(images), 3)) % len(images)]
+    net = EvalNet(module.net, module.tta, module.tta_shift).eval()
+    out = Path(cfg.output or Path(cfg.run_dir) / f"model{SUFFIXES[cfg.format]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    info = {
+        **meta,
+        "class_names": meta.get("class_names") or [str(i) for i in range(n)],
+        "input": "images: float32 (N, 3, H, W), (pixel / 255 - mean) / std",
+        "output": "logits: (N, classes); softmax gives probabilities",
+        "tta": module.tta,
+    }
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")  # torch.export.load wants the suffix
+    try:
+        with torch.no_grad():
+            (to_onnx if cfg.format == "onnx" else to_torch_export)(net, images, tmp, info)
+            diff = verify(cfg.format, tmp, net, images, cfg.atol, cfg.rtol)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info(
+        f"Exported {cfg.format} to {out} ({out.stat().st_size / 1e6:.1f} MB, tta={module.tta}, "
+        f"dynamic batch). Verified on {min(len(inputs.names), cfg.verify_images)} image(s) of "
+        f"input={cfg.input} at batch sizes {len(images)} and 1: max |logit difference| "
+        f"{diff:.2e} (tolerance {cfg.atol:g} + {cfg.rtol:g} * |logit|)"
+    )
+    return {"output": str(out), "max_abs_diff": diff}
+
+
+def _dynamic_batch() -> dict:
+    return {"images": {0: torch.export.Dim("batch", min=1)}}
+
+
+def to_onnx(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
+    # torch 2.14's default exporter (dynamo=True) traces with torch.export; needs onnxscript,
+    # whose optimizer passes log each step at INFO.
+    for name in ("onnxscript", "onnx_ir"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        program = torch.onnx.export(
+            net,
+            (images[:TRACE_BATCH],),
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes=_dynamic_batch(),
+            dynamo=True,
+            verbose=False,
+        )
+    except ImportError as e:
+        raise UserError(
+            f"format=onnx needs the export extra: pip install -e '.[export]' ({e})"
+        ) from e
+    program.model.metadata_props.update({k: json.dumps(v) for k, v in info.items()})
+    program.save(path)
+
+
+def to_torch_export(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
+    program = torch.export.export(net, (images[:TRACE_BATCH],), dynamic_shapes=_dynamic_batch())
+    torch.export.save(program, path, extra_files={"meta.json": json.dumps(info)})
+
+
+def verify(fmt: str, path: Path, net: nn.Module, images: Tensor, atol: float, rtol: float) -> float:
+    """Run the file at `path` as a deployment would, at batch sizes len(images) and 1; the
+    largest |difference| from `net`'s logits. UserError where it exceeds the tolerance."""
+    if fmt == "onnx":
+        try:
+            import onnxruntime
+        except ImportError as e:
+            raise UserError(
+                "format=onnx is verified with onnxruntime: pip install -e '.[export]'"
+            ) from e
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+        def run(x: Tensor) -> Tensor:
+            return torch.from_numpy(session.run(["logits"], {"images": x.numpy()})[0])
+    else:
+        run = torch.export.load(path).module()
+    worst = 0.0
+    for batch in (images, images[:1]):
+        ours, theirs = net(batch), run(batch)
+        if theirs.shape != ours.shape:
+            raise UserError(
+                f"the exported model gave shape {tuple(theirs.shape)} for {tuple(ours.shape)}: not written"
+            )
+        diff = (theirs - ours).abs()
+        worst = max(worst, float(diff.max()))
+        if not bool((diff <= atol + rtol * ours.abs()).all()):
+            raise UserError(
+                f"the exported {fmt} model's logits differ from PyTorch's by up to {worst:.2e} at "
+                f"batch size {len(batch)}, beyond atol={atol:g} + rtol={rtol:g} * |logit|: not written"
+            )
+    return worst
+
+
+def main(cfg: DictConfig) -> None:
+    export(cfg)
+
+
+if __name__ == "__main__":
+    from cifar_amp import cli
+
+    cli.main(main, Path(__file__).resolve().parents[2] / "configs", "export")

@@ -1,0 +1,198 @@
+"""Predict with a checkpoint from a composed config. `predict.py` hands over here.
+
+    python predict.py ckpt_path=<ckpt> input=<folder | image file | CIFAR batch file>
+
+The checkpoint says what its network expects (`data_meta`: class names, normalisation, image
+size; written by every run of a DataModule with `meta`), so no data set is needed. Images go
+through Lightning's `trainer.predict` (the `trainer` and `precision` groups choose the device
+and precision) in batches; `<run_dir>/predictions.csv` gets one row per image.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from cifar_amp import build
+from cifar_amp.data import SPECS
+from cifar_amp.errors import InvalidArgument, UserError
+from cifar_amp.inputs import Inputs, read
+from cifar_amp.module import ImageClassifier
+from cifar_amp.reliability import preflight, run_settings
+from cifar_amp.training import save_resolved_config
+
+log = logging.getLogger(__name__)
+
+CSV_NAME = "predictions.csv"
+SHOWN = 5  # rows of the summary
+
+
+def load(ckpt_path: str, **overrides: Any) -> tuple[ImageClassifier, dict]:
+    """The module of `ckpt_path` in eval mode, and what its network expects (`data_meta`).
+
+    Its weights are the checkpoint's `state_dict`: where the run averaged weights (EMA),
+    Lightning's WeightAveraging saved the averaged ones there (the current ones go to
+    `current_model_state`), so these are the weights test evaluated. `overrides`: constructor
+    arguments that differ from the checkpoint's (tta, channels_last)."""
+    ckpt = preflight.load_checkpoint(ckpt_path)
+    meta = data_meta(ckpt, ckpt_path)
+    try:
+        module = ImageClassifier.load_from_checkpoint(ckpt_path, map_location="cpu", **overrides)
+    except InvalidArgument as e:
+        raise UserError(f"invalid config value for {e}") from e
+    except Exception as e:
+        raise UserError(f"ckpt_path={ckpt_path}: cannot load ({type(e).__name__}: {e})") from e
+    return module.eval(), meta
+
+
+def data_meta(ckpt: dict, path: str) -> dict:
+    """The checkpoint's `data_meta`; for checkpoints written before it existed, the defaults of
+    the CIFAR data set they were trained on. Without mean/std the images cannot be normalised as
+    in training, so such a checkpoint is refused; without class names, classes go by index."""
+    hp = ckpt.get("hyper_parameters", {})
+    n = hp.get("num_classes")
+    meta = hp.get("data_meta")
+    if meta is None:
+        dataset = ckpt.get(run_settings.KEY, {}).get("data.dataset")
+        if dataset is None and "CIFARDataModule" in ckpt:  # older than the run settings too
+            dataset = next((k for k, s in SPECS.items() if s.num_classes == n), None)
+        if dataset not in SPECS or SPECS[dataset].num_classes != n:
+            raise UserError(
+                f"ckpt_path={path} does not say what its network expects (no data_meta: its "
+                f"DataModule, {dataset or 'unknown'}, has no `meta`); add a `meta` property to "
+                "the DataModule (docs/after-training.md) and train again"
+            )
+        log.warning(
+            "ckpt_path=%s predates data_meta: assuming %s's class names, normalisation and "
+            "32x32 images",
+            path,
+            dataset,
+        )
+        return SPECS[dataset].meta()
+    missing = [k for k in ("mean", "std", "image_size") if not meta.get(k)]
+    if missing:
+        raise UserError(
+            f"ckpt_path={path}: its data_meta lacks {', '.join(missing)}, which say how the "
+            "network's images were normalised and sized; add them to the DataModule's `meta`"
+        )
+    names = meta.get("class_names")
+    if names and len(names) != n:
+        raise UserError(f"ckpt_path={path}: data_meta names {len(names)} classes, the net has {n}")
+    if not names:
+        log.warning("ckpt_path=%s names no classes: classes go by their index", path)
+    return meta
+
+
+def normaliser(meta: dict) -> v2.Transform:
+    """uint8 batches -> float32, normalised as the DataModule normalised them in training."""
+    steps = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(meta["mean"], meta["std"])]
+    return v2.Compose(steps)
+
+
+def _collate(transform: v2.Transform, channels_last: bool, items: list) -> torch.Tensor:
+    x = transform(torch.stack(items))
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def predict(cfg: DictConfig) -> dict[str, Any]:
+    """Predict `cfg.input`; write `<run_dir>/predictions.csv`, print a summary. Unreadable
+    files are listed and raise (exit 2) after the others are written."""
+    if not cfg.ckpt_path:
+        raise UserError("ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/last.ckpt")
+    if not cfg.input:
+        raise UserError(
+            "input is required: a folder of images, an image file or a CIFAR batch file"
+        )
+    if cfg.batch_size < 1:
+        raise UserError(f"invalid config value for batch_size: {cfg.batch_size}; must be >= 1")
+    prec = build.precision(cfg)
+    preflight.check_hardware(cfg)
+    layout = prec.channels_last(build.device_type(cfg))
+    overrides = {"channels_last": layout, **({"tta": cfg.tta} if cfg.tta else {})}
+    module, meta = load(cfg.ckpt_path, **overrides)
+    num_classes = module.hparams.num_classes
+    names = meta.get("class_names") or [str(i) for i in range(num_classes)]
+    inputs = read(cfg.input, meta, num_classes)
+    for name, why in inputs.unreadable:
+        log.warning("cannot read %s: %s", name, why)
+    if not inputs.names:
+        raise UserError(
+            f"none of the {len(inputs.unreadable)} images in input={cfg.input} could be read: "
+            + ", ".join(n for n, _ in inputs.unreadable)
+        )
+    save_resolved_config(cfg, cfg.run_dir)
+    trainer = build.trainer(cfg, prec, callbacks=[], loggers=[])
+    if trainer.world_size > 1:
+        raise UserError(
+            f"predict runs in one process; trainer.devices={cfg.trainer.devices} with "
+            f"trainer.num_nodes={cfg.trainer.num_nodes} asks for {trainer.world_size}"
+        )
+    collate = functools.partial(_collate, normaliser(meta), layout)
+    loader = DataLoader(inputs.images, batch_size=cfg.batch_size, collate_fn=collate)
+    probs = torch.cat(trainer.predict(module, dataloaders=loader)).cpu()
+    out = Path(cfg.run_dir) / CSV_NAME
+    write_csv(out, inputs, probs, names)
+    print(summary(cfg, module, prec.name, inputs, probs, names, out))
+    if inputs.unreadable:
+        total = len(inputs.names) + len(inputs.unreadable)
+        raise UserError(
+            f"{len(inputs.unreadable)} of {total} files could not be read and were not "
+            f"predicted: {', '.join(n for n, _ in inputs.unreadable)} (reasons above); "
+            f"predictions for the other {len(inputs.names)} are in {out}"
+        )
+    return {"csv": str(out), "images": len(inputs.names)}
+
+
+def write_csv(path: Path, inputs: Inputs, probs: torch.Tensor, names: list[str]) -> None:
+    """file, label (the input's own, where it has one), class, probability, p_<each class>."""
+    best, idx = probs.max(1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["file", "label", "class", "probability", *(f"p_{n}" for n in names)])
+        for i, name in enumerate(inputs.names):
+            label = inputs.labels[i] if inputs.labels else ""
+            row = [name, label, names[idx[i]], f"{best[i]:.6f}"]
+            w.writerow(row + [f"{p:.6f}" for p in probs[i].tolist()])
+
+
+def summary(cfg, module, precision: str, inputs, probs, names, out: Path) -> str:
+    n = len(inputs.names)
+    net = module.hparams.net["_target_"].rsplit(".", 1)[-1]
+    lines = [
+        f"Predicted {n} image(s) of input={cfg.input} with {net} ({len(names)} classes, "
+        f"tta={module.tta}, precision={precision})"
+    ]
+    top = probs.topk(min(3, len(names)), dim=1)
+    for i in range(min(n, SHOWN)):
+        (p, *ps), (c, *cs) = top.values[i].tolist(), top.indices[i].tolist()
+        rest = ", ".join(f"{names[k]} {q:.3f}" for k, q in zip(cs, ps, strict=True))
+        lines.append(f"  {inputs.names[i]}: {names[c]} {p:.3f}" + (f" ({rest})" if rest else ""))
+    if n > SHOWN:
+        counts = torch.bincount(probs.argmax(1), minlength=len(names)).tolist()
+        ranked = sorted(range(len(names)), key=lambda k: -counts[k])
+        lines.append(
+            f"  ... and {n - SHOWN} more; predicted most: "
+            + ", ".join(f"{names[k]} {counts[k]}" for k in ranked[:5] if counts[k])
+        )
+    if inputs.labels:
+        hits = sum(
+            names[k] == y for k, y in zip(probs.argmax(1).tolist(), inputs.labels, strict=True)
+        )
+        lines.append(f"  accuracy against the input's labels: {hits / n:.1%} ({hits}/{n})")
+    for name, why in inputs.unreadable:
+        lines.append(f"  unreadable, not predicted: {name} ({why})")
+    lines.append(f"Wrote {out}")
+    return "\n".join(lines)
+
+
+def main(cfg: DictConfig) -> None:
+    predict(cfg)
