@@ -55,10 +55,12 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def make_cfg(tmp_path, tiny_data):
+def make_cfg(tmp_path, tiny_data, request):
     """make_cfg(*overrides, config_name="train") -> the composed config, shrunk for tests."""
 
     def make(*overrides: str, config_name: str = "train"):
+        if "data=image_folder" in overrides:  # no CIFAR folder: its shrink is make_folder_cfg's
+            return request.getfixturevalue("make_folder_cfg")(*overrides)
         shrink = SHRINK
         if config_name != "train" or any(
             o.startswith(("model=", "experiment=")) for o in overrides
