@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
 import pytest
 import torch
 
-from cifar_amp import metrics
+from cifar_amp import build, metrics
 from cifar_amp.data import ImageFolderDataModule
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
@@ -146,3 +147,25 @@ def test_a_bad_image_found_by_a_worker_is_named_in_one_line(image_folder, tmp_pa
         list(dm.train_dataloader()), list(dm.val_dataloader())
     assert str(e.value).startswith(f"{folder / 'bird' / '0.png'}: cannot read this image")
     assert "\n" not in str(e.value) and "Traceback" not in str(e.value)
+
+
+def test_two_ranks_share_each_epoch_without_overlap(make_folder_cfg, tmp_path):
+    """DDP on two CPU processes, worker processes under each: EpochSampler shards the epoch."""
+    from test_ddp import TWO_RANKS, RecordLabels, seen
+
+    cfg = make_folder_cfg(
+        *TWO_RANKS, "trainer.max_epochs=2", "data.num_workers=1", "callbacks=none", "test=false"
+    )
+    dm = build.datamodule(cfg)
+    n = len(dm.samples["train"])  # 108: 2 ranks x 54, 3 batches of 16 each (6 dropped)
+    dm.samples["train"] = [(path, i) for i, (path, _) in enumerate(dm.samples["train"])]
+    sgd = functools.partial(torch.optim.SGD, lr=0.01)
+    module = ImageClassifier(net=cfg.model, num_classes=n, optimizer=sgd)
+    build.trainer(cfg, callbacks=[RecordLabels(tmp_path)], loggers=[]).fit(module, datamodule=dm)
+    orders = []
+    for epoch in (0, 1):
+        ranks = [seen(tmp_path / f"rank{r}_epoch{epoch}.txt") for r in (0, 1)]
+        assert len(ranks[0]) == len(ranks[1]) == 48
+        assert not set(ranks[0]) & set(ranks[1])
+        orders.append(ranks[0])
+    assert orders[0] != orders[1]
