@@ -60,7 +60,7 @@ def make_cfg(tmp_path, tiny_data, request):
 
     def make(*overrides: str, config_name: str = "train"):
         if "data=image_folder" in overrides:  # no CIFAR folder: its shrink is make_folder_cfg's
-            return request.getfixturevalue("make_folder_cfg")(*overrides)
+            return request.getfixturevalue("make_folder_cfg")(*overrides, config_name=config_name)
         shrink = SHRINK
         if config_name != "train" or any(
             o.startswith(("model=", "experiment=")) for o in overrides
@@ -92,13 +92,11 @@ def image_folder(tmp_path_factory) -> Path:
 def make_folder_cfg(tmp_path, image_folder):
     """Like make_cfg, on `image_folder` (data=image_folder at 32x32, no worker processes)."""
 
-    def make(*overrides: str):
+    def make(*overrides: str, config_name: str = "train"):
         picks_model = any(o.startswith(("model=", "experiment=")) for o in overrides)
-        shrink = [
-            o
-            for o in SHRINK
-            if not o.startswith("data.") and not (picks_model and o.startswith("model"))
-        ]
+        drop = ("data.", "model", "module") if config_name != "train" else ("data.",)
+        drop += ("model",) if picks_model else ()
+        shrink = [o for o in SHRINK if not o.startswith(drop)]
         base = (
             *shrink,
             "data=image_folder",
@@ -109,7 +107,7 @@ def make_folder_cfg(tmp_path, image_folder):
             "data.num_workers=0",
             f"run_dir={tmp_path}",
         )
-        return compose_cfg("train", (*base, *overrides))
+        return compose_cfg(config_name, (*base, *overrides))
 
     return make
 

@@ -2,7 +2,7 @@
 from CIFAR batch files: the real CIFAR-10 subset where there is one (SUBSET in conftest.py),
 else a tiny synthetic folder (tests/cifar_folder.py), so that the tests also run in CI.
 
-    python tests/image_folder.py <cifar folder> <out folder> [classes...]   # e.g. for docs/
+    python tests/image_folder.py <cifar folder> <out folder> [class names...]   # docs/fork.md
 """
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ def write_image_folder(
     return out
 
 
-if __name__ == "__main__":
-    src, dst, *wanted = sys.argv[1:]
-    picked = tuple(NAMES.index(c) for c in wanted) or tuple(range(10))
-    write_image_folder(Path(src), Path(dst), picked, files=("data_batch_1", "data_batch_2"))
+if (
+    __name__ == "__main__"
+):  # <out>/train/<class>/ from data_batch_*, <out>/test/<class>/ from test_batch
+    src, dst = map(Path, sys.argv[1:3])
+    picked = tuple(NAMES.index(c) for c in sys.argv[3:]) or tuple(range(10))
+    train_files = tuple(f"data_batch_{i}" for i in range(1, 6))
+    write_image_folder(src, dst / "train", picked, files=train_files)
+    write_image_folder(src, dst / "test", picked, files=("test_batch",))

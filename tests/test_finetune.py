@@ -6,10 +6,13 @@ import logging
 
 import pytest
 import torch
+from hydra.core.hydra_config import HydraConfig
 
 from cifar_amp import build, finetune, metrics
 from cifar_amp.errors import UserError
+from cifar_amp.reliability import signals
 from cifar_amp.training import train
+from conftest import compose_cfg
 
 HEAD = ("head.3.weight", "head.3.bias")  # SmallCNN's last Linear
 
@@ -81,3 +84,15 @@ def test_missing_or_foreign_file_is_refused(make_folder_cfg, tmp_path):
     for path, expected in ((tmp_path / "nope.ckpt", "no such file"), (foreign, "no 'state_dict'")):
         with pytest.raises(UserError, match=f"init_from={path}.*{expected}"):
             train(make_folder_cfg(f"init_from={path}", f"run_dir={tmp_path / 'x'}"))
+
+
+def test_the_printed_resume_command_drops_init_from(tmp_path):
+    """SIGTERM/Ctrl+C print how to resume: with ckpt_path, which refuses init_from."""
+    cfg = compose_cfg("train", ["init_from=a.ckpt", "seed=3"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        command = signals.resume_command(tmp_path / "last.ckpt", str(tmp_path))
+    finally:
+        HydraConfig.instance().cfg = None
+    assert "seed=3" in command and f"ckpt_path={tmp_path / 'last.ckpt'}" in command
+    assert "init_from" not in command

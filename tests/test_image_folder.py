@@ -12,6 +12,7 @@ import torch
 from cifar_amp import build, metrics
 from cifar_amp.data import ImageFolderDataModule
 from cifar_amp.errors import UserError
+from cifar_amp.evaluation import evaluate
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
 from test_resume import EXACT, comparable
@@ -31,6 +32,11 @@ def test_trains_on_an_image_folder_with_workers(make_folder_cfg, tmp_path):
     assert best["hyper_parameters"]["num_classes"] == 3
     module = ImageClassifier.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert module(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
+    # eval.py on the same folder: the best checkpoint's test accuracy again
+    eval_cfg = make_folder_cfg(
+        f"ckpt_path={saved['tested_ckpt']}", f"run_dir={tmp_path / 'eval'}", config_name="eval"
+    )
+    assert evaluate(eval_cfg)[metrics.TEST_ACC] == pytest.approx(saved[metrics.TEST_ACC])
 
 
 def test_split_meta_and_separate_folders(image_folder, tmp_path):
