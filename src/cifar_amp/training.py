@@ -40,10 +40,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     layout = prec.channels_last(build.device_type(cfg))
     dm = build.datamodule(cfg, channels_last=layout)
     module = build.module(cfg, dm.num_classes, channels_last=layout)
+    settings = run_settings.of(cfg)
     finetune.saved_without_pretrained(module.hparams)
     if cfg.init_from:
         finetune.init_from(cfg.init_from, module.net, dm.num_classes, cfg.ckpt_path)
-    settings = run_settings.of(cfg)
     if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
         run_settings.check(cfg.ckpt_path, settings)  # first: it names the setting that differs
         preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
