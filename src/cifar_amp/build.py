@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 from cifar_amp.module import ImageClassifier
@@ -30,12 +30,14 @@ def build(node: Any, key: str, recursive: bool = True, **kwargs) -> Any:
         return instantiate(node, _convert_="all", _recursive_=recursive, **kwargs)
     except Exception as e:
         cause = e
-        while cause.__cause__ is not None and not isinstance(cause, InvalidArgument):
+        while cause.__cause__ is not None and not isinstance(cause, (InvalidArgument, UserError)):
             if isinstance(cause, NestedBuildError):
                 key = cause.key
             cause = cause.__cause__
         if isinstance(cause, UserError):
             raise cause from e
+        if isinstance(cause, MissingMandatoryValue):  # a required constructor argument
+            raise UserError(f"{cause.full_key} is required: set {cause.full_key}=...") from e
         if isinstance(cause, InvalidArgument):
             raise UserError(f"invalid config value for {key}.{cause}") from e
         raise UserError(f"cannot build {key}: {type(cause).__name__}: {cause}") from e

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import lightning
 import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from cifar_amp import metrics
 
@@ -101,8 +101,9 @@ def schema(
         if name in defaults:
             value = defaults[name]
             typ = Any if isinstance(value, (dict, list)) else typ
-        elif p.default is inspect.Parameter.empty:
-            continue  # required and not excluded: the YAML must set it
+        elif p.default is inspect.Parameter.empty:  # required: the YAML or the user sets it
+            fields.append((name, typ, field(default=MISSING)))
+            continue
         else:
             value = _default(p.default)
         if isinstance(value, (dict, list)) and not dataclasses.is_dataclass(typ):
@@ -126,6 +127,8 @@ class TrainConfig:
     run_dir: str = "${hydra:runtime.output_dir}"  # checkpoints, logs, metrics.json
     seed: int = 42  # seeds the split, augmentation and initialisation
     ckpt_path: Optional[str] = None  # resume from this checkpoint
+    # Fine-tune: start a new run from this checkpoint's network weights only (finetune.py)
+    init_from: Optional[str] = None
     test: bool = True  # test the best checkpoint after fit
     # Returned by train.py for sweepers (Optuna maximises it); a key of metrics.json.
     optimized_metric: str = metrics.VAL_ACC_BEST

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from cifar_amp import build, hydra_ddp, metrics
+from cifar_amp import build, finetune, hydra_ddp, metrics
 from cifar_amp.reliability import preflight, run_dirs, run_settings, signals
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # A DataModule of yours need not have `meta`; predict then refuses its checkpoints.
     module = build.module(cfg, dm.num_classes, layout, getattr(dm, "meta", None))
     settings = run_settings.of(cfg)
+    finetune.saved_without_pretrained(module.hparams)
+    if cfg.init_from:
+        finetune.init_from(cfg.init_from, module.net, dm.num_classes, cfg.ckpt_path)
     if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
         run_settings.check(cfg.ckpt_path, settings)  # first: it names the setting that differs
         preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)

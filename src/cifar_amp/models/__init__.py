@@ -3,5 +3,6 @@
 from cifar_amp.models.resnet import ResNet18
 from cifar_amp.models.small_cnn import SmallCNN
 from cifar_amp.models.speednet import SpeedNet
+from cifar_amp.models.timm_net import Timm
 
-__all__ = ["ResNet18", "SmallCNN", "SpeedNet"]
+__all__ = ["ResNet18", "SmallCNN", "SpeedNet", "Timm"]

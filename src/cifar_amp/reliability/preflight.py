@@ -47,20 +47,20 @@ def check_hardware(cfg) -> None:
         )
 
 
-def load_checkpoint(path: str) -> dict:
-    """The checkpoint at `ckpt_path`, or a one-line error for a missing, truncated or foreign file."""
+def load_checkpoint(path: str, key: str = "ckpt_path") -> dict:
+    """The checkpoint at `path` (the config's `key`), or a one-line error for a missing,
+    truncated or foreign file."""
     if not Path(path).is_file():
-        raise UserError(
-            f"ckpt_path={path}: no such file (valid: a .ckpt file, or one of {CKPT_KEYWORDS})"
-        )
+        valid = f", or one of {CKPT_KEYWORDS}" if key == "ckpt_path" else ""
+        raise UserError(f"{key}={path}: no such file (valid: a .ckpt file{valid})")
     try:  # mmap: reads only the index now, tensors on demand
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:  # zip/pickle errors of a truncated or foreign file
         raise UserError(
-            f"ckpt_path={path} is truncated or not a checkpoint ({type(e).__name__}: {e})"
+            f"{key}={path} is truncated or not a checkpoint ({type(e).__name__}: {e})"
         ) from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise UserError(f"ckpt_path={path} is not a Lightning checkpoint (no 'state_dict')")
+        raise UserError(f"{key}={path} is not a Lightning checkpoint (no 'state_dict')")
     return ckpt
 
 
@@ -75,23 +75,23 @@ def check_checkpoint_fits(path: str, module: torch.nn.Module, num_classes: int) 
     saved, ours = ckpt["state_dict"], module.state_dict()
     problems = []
     if missing := sorted(set(ours) - set(saved)):
-        problems.append(f"missing from the checkpoint: {_few(missing)}")
+        problems.append(f"missing from the checkpoint: {few(missing)}")
     if extra := sorted(set(saved) - set(ours)):
-        problems.append(f"not in this model: {_few(extra)}")
+        problems.append(f"not in this model: {few(extra)}")
     shapes = [
         f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}"
         for k, v in ours.items()
         if k in saved and saved[k].shape != v.shape
     ]
     if shapes:
-        problems.append(f"shapes (checkpoint vs model): {_few(shapes)}")
+        problems.append(f"shapes (checkpoint vs model): {few(shapes)}")
     if problems:
         raise UserError(
             f"ckpt_path={path} does not fit this model (check model=...): " + "; ".join(problems)
         )
 
 
-def _few(items: list[str], n: int = 3) -> str:
+def few(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 

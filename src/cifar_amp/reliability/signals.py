@@ -106,7 +106,8 @@ def last_checkpoint_path(trainer) -> Path:
 
 
 def resume_command(ckpt: Path, run_dir: str) -> str:
-    """The command line that continues this run in the same run dir, from `ckpt`."""
+    """The command line that continues this run in the same run dir, from `ckpt` (without
+    `init_from`: the checkpoint holds the weights, and a resume refuses it)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
@@ -114,7 +115,7 @@ def resume_command(ckpt: Path, run_dir: str) -> str:
     keep = [
         o
         for o in HydraConfig.get().overrides.task
-        if not o.startswith(("ckpt_path=", "hydra.run.dir="))
+        if not o.startswith(("ckpt_path=", "hydra.run.dir=", "init_from="))
     ]
     args = [*keep, f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}"]
     return "python " + shlex.join([sys.argv[0] or "train.py", *args])

@@ -1,0 +1,306 @@
+"""Your own images, in torchvision's ImageFolder layout: `<data_dir>/<class>/<image>`.
+
+For data that does not fit on the device or is not 32x32: images are decoded and augmented
+(torchvision transforms v2) in DataLoader worker processes, cross to the device as uint8 (a
+quarter of float32's bytes) into pinned memory, and are normalised there. Each training
+image's random crop and flip are drawn from (seed, epoch, index), so the batches are the same
+for any number of workers, and a resumed run (even mid-epoch) sees the data an uninterrupted
+one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from lightning import LightningDataModule
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.transforms import v2
+
+from cifar_amp.data.resumable import EpochSampler, ResumableLoader
+from cifar_amp.errors import InvalidArgument, UserError
+
+log = logging.getLogger(__name__)
+# The usual statistics of ImageNet-pretrained networks (timm's, torchvision's), which most
+# fine-tuning starts from; `data.mean`/`data.std` set your data's own.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+LAYOUT = "one subfolder per class holding its images, torchvision's ImageFolder layout"
+
+
+class UnreadableImage(UserError):
+    """An image file that cannot be decoded. torch re-raises an exception from a DataLoader
+    worker as `type(e)(<the worker's traceback>)`: only its last line, ours, is kept."""
+
+    def __init__(self, message: str) -> None:
+        last = message.strip().splitlines()[-1]
+        super().__init__(last.removeprefix(f"{__name__}.{type(self).__name__}: "))
+
+
+def load_rgb(path: str) -> Image.Image:
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for broken files
+        raise UnreadableImage(f"{path}: cannot read this image ({type(e).__name__}: {e})") from e
+
+
+def scan(folder: str | None, key: str) -> ImageFolder:
+    """The class folders and image files of `folder`; a one-line error for a bad one."""
+    root = Path(str(folder))
+    if not root.is_dir():
+        raise UserError(f"{key}={folder}: no such folder (expected {LAYOUT})")
+    try:
+        found = ImageFolder(str(root), loader=load_rgb, allow_empty=True)
+    except FileNotFoundError as e:  # torchvision: "Couldn't find any class folder"
+        raise UserError(f"{key}={folder} has no class subfolders (expected {LAYOUT})") from e
+    counts = np.bincount([label for _, label in found.samples], minlength=len(found.classes))
+    empty = [root / c for c, n in zip(found.classes, counts, strict=True) if n == 0]
+    if empty:
+        more = f" (and {len(empty) - 1} more class folders)" if len(empty) > 1 else ""
+        raise UserError(f"{empty[0]}: no image files ({', '.join(IMG_EXTENSIONS)}){more}")
+    if len(found.classes) < 2:
+        raise UserError(f"{key}={folder} has one class folder; classification needs at least 2")
+    return found
+
+
+def check_readable(paths: list[str]) -> None:
+    """Open each file's header (cheap: no decoding), so a file that is no image stops the run
+    before training, by name."""
+    for path in paths:
+        try:
+            with Image.open(path):
+                pass
+        except (OSError, ValueError, SyntaxError) as e:
+            raise UserError(f"{path}: cannot read this image ({type(e).__name__}: {e})") from e
+
+
+class Images(Dataset):
+    """(uint8 image (3, H, W), label) pairs; keys are indices, or `(epoch, index)` pairs for
+    augmentation drawn from (seed, epoch, index) (see EpochSampler)."""
+
+    def __init__(self, samples: list[tuple[str, int]], transform: Callable, seed: int | None):
+        self.samples, self.transform, self.seed = samples, transform, seed
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key):
+        epoch, i = key if isinstance(key, tuple) else (0, key)
+        path, label = self.samples[i]
+        image = load_rgb(path)
+        if self.seed is None:
+            return self.transform(image), label
+        # v2 transforms draw from torch's global generator: seed it per image, and leave the
+        # caller's (the training process itself when num_workers=0) as it was.
+        state = np.random.SeedSequence([self.seed % 2**32, epoch, i]).generate_state(1)[0]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(state))
+            return self.transform(image), label
+
+
+class ImageFolderDataModule(LightningDataModule):
+    """Images in class folders; a seeded validation split unless `val_dir` is given."""
+
+    def __init__(
+        self,
+        data_dir: str,  # one subfolder per class, holding its images (jpg, png, webp, ...)
+        val_dir: str | None = None,  # same layout; null = hold out `val_split` of data_dir
+        test_dir: str | None = None,  # same layout; null = test on the validation images
+        val_split: float = 0.1,  # fraction of data_dir held out when there is no val_dir
+        image_size: int = 224,  # side of the square the network sees
+        # Training: a random crop of at least this fraction of the image area, resized to
+        # image_size (RandomResizedCrop), then a random flip. Evaluation: the shorter side
+        # resized to image_size, then the centre crop.
+        min_crop_scale: float = 0.25,
+        flip: bool = True,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,  # normalisation, [0, 1] pixel units
+        std: tuple[float, float, float] = IMAGENET_STD,
+        batch_size: int = 64,  # per device
+        eval_batch_size: int = 128,  # per device, for validation and test
+        num_workers: int | None = None,  # per device; null = CPU cores / devices, at most 8
+        check_images: bool = True,  # open every file's header at setup (false: huge folders)
+        seed: int = 42,  # the split, the order and every augmentation draw (the config's `seed`)
+        channels_last: bool = False,  # batch layout; the precision decides it (build.py)
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if value < 1:
+                raise InvalidArgument(name, value, "must be >= 1")
+        if not 0.0 <= val_split < 1.0:
+            raise InvalidArgument("val_split", val_split, "must be in [0, 1)")
+        if image_size < 16:
+            raise InvalidArgument("image_size", image_size, "must be >= 16")
+        if not 0.0 < min_crop_scale <= 1.0:
+            raise InvalidArgument("min_crop_scale", min_crop_scale, "must be in (0, 1]")
+        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+            raise InvalidArgument("mean/std", f"{mean}/{std}", "3 values each, std > 0")
+        if num_workers is not None and num_workers < 0:
+            raise InvalidArgument("num_workers", num_workers, "must be >= 0 (or null)")
+        if not (val_dir or test_dir or val_split > 0):
+            raise InvalidArgument("val_split", val_split, "> 0 needed without val_dir or test_dir")
+        super().__init__()
+        self.image_size, self.mean, self.std = image_size, tuple(mean), tuple(std)
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers, self.check_images, self.seed = num_workers, check_images, seed
+        self.channels_last = channels_last
+        self.folder = scan(data_dir, "data.data_dir")
+        self.classes: list[str] = self.folder.classes
+        self.samples = {"train": self.folder.samples}
+        self.where = {"train": str(data_dir)}
+        if val_dir:
+            self.samples["val"] = self._same_classes(val_dir, "data.val_dir").samples
+            self.where["val"] = str(val_dir)
+        elif val_split > 0:
+            self._split(val_split)
+        if test_dir:
+            self.samples["test"] = self._same_classes(test_dir, "data.test_dir").samples
+            self.where["test"] = str(test_dir)
+        elif "val" in self.samples:
+            self.samples["test"] = self.samples["val"]
+            self.where["test"] = "the validation images"
+        crop = (self.image_size, self.image_size)
+        train = [v2.RandomResizedCrop(crop, scale=(min_crop_scale, 1.0), antialias=True)]
+        self.train_transform = v2.Compose(
+            [*train, *([v2.RandomHorizontalFlip()] if flip else []), v2.PILToTensor()]
+        )
+        self.eval_transform = v2.Compose(
+            [v2.Resize(image_size, antialias=True), v2.CenterCrop(crop), v2.PILToTensor()]
+        )
+        self._checked: set[str] = set()
+        self._norm: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._train: ResumableLoader | None = None
+        self._train_state: dict | None = None
+
+    def _same_classes(self, folder: str, key: str) -> ImageFolder:
+        found = scan(folder, key)
+        if found.classes != self.classes:
+            theirs, ours = set(found.classes), set(self.classes)
+            diff = [f"lacks {sorted(ours - theirs)}"] * bool(ours - theirs)
+            diff += [f"has {sorted(theirs - ours)} too"] * bool(theirs - ours)
+            raise UserError(
+                f"{key}={folder} {' and '.join(diff)}: its class folders must be those of "
+                f"data.data_dir ({len(self.classes)} classes)"
+            )
+        return found
+
+    def _split(self, val_split: float) -> None:
+        samples = self.samples["train"]
+        n_val = min(max(1, round(len(samples) * val_split)), len(samples) - 1)
+        perm = torch.randperm(len(samples), generator=torch.Generator().manual_seed(self.seed))
+        self.samples["val"] = [samples[i] for i in sorted(perm[:n_val].tolist())]
+        self.samples["train"] = [samples[i] for i in sorted(perm[n_val:].tolist())]
+        self.where["val"] = f"{val_split:.0%} of data.data_dir (seed {self.seed})"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def meta(self) -> dict:
+        """What a checkpoint needs to classify new images: class names and preprocessing."""
+        return {
+            "class_names": list(self.classes),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "image_size": [self.image_size, self.image_size],
+        }
+
+    def setup(self, stage: str | None = None) -> None:
+        splits = {"fit": ("train", "val"), "validate": ("val",)}.get(stage or "", ("test",))
+        todo = [s for s in splits if s in self.samples and s not in self._checked]
+        if self.check_images and todo:
+            start = time.perf_counter()
+            paths = sorted({p for s in todo for p, _ in self.samples[s]})
+            check_readable(paths)
+            log.info("Checked %d image files in %.1f s", len(paths), time.perf_counter() - start)
+        self._checked.update(todo)
+        if stage in ("fit", None):
+            counts = ", ".join(f"{len(v)} {k}" for k, v in self.samples.items())
+            log.info(
+                "Data: %d classes from %s (%s images; val: %s; test: %s), %dx%d, %d workers",
+                self.num_classes,
+                self.where["train"],
+                counts,
+                self.where.get("val", "none"),
+                self.where.get("test", "none"),
+                self.image_size,
+                self.image_size,
+                self._workers(),
+            )
+
+    # -- loaders -----------------------------------------------------------------
+    def _workers(self) -> int:
+        if self.num_workers is not None:
+            return self.num_workers
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        devices = self.trainer.num_devices if self.trainer is not None else 1
+        return min(8, max(1, (cores or 1) // devices))
+
+    def _loader_args(self, persistent: bool) -> dict:
+        workers = self._workers()
+        on_cuda = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return {
+            "num_workers": workers,
+            "pin_memory": on_cuda,
+            "persistent_workers": persistent and workers > 0,
+        }
+
+    def train_dataloader(self) -> ResumableLoader:
+        t = self.trainer
+        world, rank = (t.world_size, t.global_rank) if t is not None else (1, 0)
+        data = Images(self.samples["train"], self.train_transform, self.seed)
+        sampler = EpochSampler(data, world, rank, shuffle=True, seed=self.seed, drop_last=True)
+        self._train = ResumableLoader(
+            data,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            # Full batches only, except that a shard smaller than one batch is one batch.
+            drop_last=len(sampler) >= self.batch_size,
+            **self._loader_args(persistent=True),
+        )
+        if self._train_state:
+            self._train.load_state_dict(self._train_state)
+        return self._train
+
+    def _eval_loader(self, split: str, persistent: bool) -> DataLoader | list:
+        if split not in self.samples:
+            return []
+        data = Images(self.samples[split], self.eval_transform, seed=None)
+        return DataLoader(data, self.eval_batch_size, **self._loader_args(persistent))
+
+    def val_dataloader(self):
+        return self._eval_loader("val", persistent=True)
+
+    def test_dataloader(self):
+        return self._eval_loader("test", persistent=False)
+
+    # The training loader's position also travels in the datamodule's checkpoint state:
+    # Lightning restores it before the loader is built, whereas the fit loop's own
+    # "combined_loader" restore is skipped when the loader was built early (OneCycleLR's
+    # `trainer.estimated_stepping_batches` builds it in configure_optimizers).
+    def state_dict(self) -> dict:
+        return {"train_loader": self._train.state_dict()} if self._train is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._train_state = state.get("train_loader")
+        if self._train is not None and self._train_state:
+            self._train.load_state_dict(self._train_state)
+
+    # -- on the device ------------------------------------------------------------
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        x, y = batch
+        if x.device not in self._norm:
+            stats = (torch.tensor(s, device=x.device) * 255 for s in (self.mean, self.std))
+            self._norm[x.device] = tuple(s.view(1, 3, 1, 1) for s in stats)
+        mean, std = self._norm[x.device]
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        x = x.contiguous(memory_format=fmt).float().sub_(mean).div_(std)
+        return x, y
