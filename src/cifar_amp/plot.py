@@ -1,0 +1,111 @@
+"""Training curves: `python -m cifar_amp.plot <run dir> [<run dir> ...] [-o curves.png]`.
+
+Every run writes `history.json` (per-epoch loss and accuracy, the learning rate along the
+way; callbacks/curves.py) and its own `curves.png`; this overlays several runs, one colour
+each. A multirun dir stands for its jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cifar_amp import metrics
+from cifar_amp.errors import UserError, reported
+
+HISTORY = "history.json"  # in the run dir
+LR = "lr"  # key of the learning-rate series in history.json: [[epoch (fractional), lr], ...]
+EPOCHS = "epochs"  # key of the per-epoch rows: [{"epoch": 0, "step": N, "train/loss": ...}]
+PANELS = (
+    ("loss", metrics.TRAIN_LOSS, metrics.VAL_LOSS),
+    ("accuracy", metrics.TRAIN_ACC, metrics.VAL_ACC),
+)
+
+
+def figure(runs: dict[str, dict], title: str | None = None):
+    """A matplotlib figure of `runs` (label -> history): loss, accuracy (train dashed, val
+    solid) and learning rate, each against epochs."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, none opened
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+    for i, (label, history) in enumerate(runs.items()):
+        colour = f"C{i % 10}"
+        rows = history.get(EPOCHS, [])
+        for ax, (name, train_key, val_key) in zip(axes, PANELS):
+            for key, style in ((train_key, "--"), (val_key, "-")):
+                points = [(r["epoch"] + 1, r[key]) for r in rows if r.get(key) is not None]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, style, color=colour, marker="." if len(xs) < 30 else None,
+                            label=f"{label} {key}" if len(runs) > 1 else key)
+            ax.set_title(name)
+        if history.get(LR):
+            xs, ys = zip(*history[LR])
+            axes[2].plot(xs, ys, color=colour, label=label)
+    axes[2].set_title("learning rate")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def write(runs: dict[str, dict], out: Path, title: str | None = None) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs, title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def load(paths: list[str]) -> dict[str, dict]:
+    """label -> history for each run dir (a dir without history.json: its jobs' dirs)."""
+    runs: dict[str, dict] = {}
+    for arg in paths:
+        root = Path(arg)
+        if not root.is_dir():
+            raise UserError(f"{arg}: no such directory (give run dirs, e.g. logs/train/runs/<run>)")
+        found = [root / HISTORY] if (root / HISTORY).is_file() else sorted(
+            root.glob(f"*/{HISTORY}"), key=lambda p: (not p.parent.name.isdigit(), p.parent.name.zfill(9))
+        )
+        if not found:
+            raise UserError(
+                f"{arg}: no {HISTORY} here or in its subfolders (a run dir of this template "
+                "writes one at each epoch end)"
+            )
+        for path in found:
+            try:
+                history = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise UserError(f"{path}: unreadable ({e})") from e
+            label = arg if path.parent == root else str(Path(arg) / path.parent.name)
+            runs[label] = history
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m cifar_amp.plot", description="Overlay the training curves of runs."
+    )
+    parser.add_argument("runs", nargs="+", help="run dirs (or multirun dirs)")
+    parser.add_argument("-o", "--out", default="curves.png", help="output image (default: %(default)s)")
+    args = parser.parse_args(argv)
+    with reported():
+        runs = load(args.runs)
+        out = Path(args.out)
+        write(runs, out)
+    print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''}: {', '.join(runs)})")
+
+
+if __name__ == "__main__":
+    main()
