@@ -36,16 +36,22 @@ def figure(runs: dict[str, dict], title: str | None = None):
     for i, (label, history) in enumerate(runs.items()):
         colour = f"C{i % 10}"
         rows = history.get(EPOCHS, [])
-        for ax, (name, train_key, val_key) in zip(axes, PANELS):
+        for ax, (name, train_key, val_key) in zip(axes[:2], PANELS, strict=True):
             for key, style in ((train_key, "--"), (val_key, "-")):
                 points = [(r["epoch"] + 1, r[key]) for r in rows if r.get(key) is not None]
                 if points:
-                    xs, ys = zip(*points)
-                    ax.plot(xs, ys, style, color=colour, marker="." if len(xs) < 30 else None,
-                            label=f"{label} {key}" if len(runs) > 1 else key)
+                    xs, ys = zip(*points, strict=True)
+                    ax.plot(
+                        xs,
+                        ys,
+                        style,
+                        color=colour,
+                        marker="." if len(xs) < 30 else None,
+                        label=f"{label} {key}" if len(runs) > 1 else key,
+                    )
             ax.set_title(name)
         if history.get(LR):
-            xs, ys = zip(*history[LR])
+            xs, ys = zip(*history[LR], strict=True)
             axes[2].plot(xs, ys, color=colour, label=label)
     axes[2].set_title("learning rate")
     for ax in axes:
@@ -75,8 +81,13 @@ def load(paths: list[str]) -> dict[str, dict]:
         root = Path(arg)
         if not root.is_dir():
             raise UserError(f"{arg}: no such directory (give run dirs, e.g. logs/train/runs/<run>)")
-        found = [root / HISTORY] if (root / HISTORY).is_file() else sorted(
-            root.glob(f"*/{HISTORY}"), key=lambda p: (not p.parent.name.isdigit(), p.parent.name.zfill(9))
+        found = (
+            [root / HISTORY]
+            if (root / HISTORY).is_file()
+            else sorted(
+                root.glob(f"*/{HISTORY}"),
+                key=lambda p: (not p.parent.name.isdigit(), p.parent.name.zfill(9)),
+            )
         )
         if not found:
             raise UserError(
@@ -98,7 +109,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m cifar_amp.plot", description="Overlay the training curves of runs."
     )
     parser.add_argument("runs", nargs="+", help="run dirs (or multirun dirs)")
-    parser.add_argument("-o", "--out", default="curves.png", help="output image (default: %(default)s)")
+    parser.add_argument(
+        "-o", "--out", default="curves.png", help="output image (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     with reported():
         runs = load(args.runs)

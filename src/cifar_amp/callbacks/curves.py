@@ -56,8 +56,11 @@ class TrainingCurves(Callback):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero and self.history[plot.EPOCHS]:
-            plot.write({self.dirpath.name: self.history}, self.dirpath / "curves.png",
-                       title=str(self.dirpath))
+            plot.write(
+                {self.dirpath.name: self.history},
+                self.dirpath / "curves.png",
+                title=str(self.dirpath),
+            )
 
     @staticmethod
     def _values(trainer, keys) -> dict[str, float]:
