@@ -65,17 +65,20 @@ def test_plot_overlays_runs_and_multirun_dirs(make_cfg, tmp_path, capsys):
     assert len(loss.lines) == 4 and len(lr.lines) == 2  # train + val per run; one rate each
 
 
-@pytest.mark.parametrize("make", ["missing", "empty"])
+@pytest.mark.parametrize("make", ["missing", "empty", "broken"])
 def test_plot_refuses_bad_input_in_one_line(tmp_path, capsys, make):
     target = tmp_path / "run"
-    if make == "empty":
+    if make != "missing":
         target.mkdir()
+    if make == "broken":
+        (target / plot.HISTORY).write_text('{"epochs": [{"step": 3}]}')
     with pytest.raises(SystemExit) as e:
         plot.main([str(target)])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"error: {target}: ")
-    assert ("no such directory" in err) == (make == "missing")
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {target}")
+    reason = {"missing": "no such directory", "empty": "no history.json", "broken": "not a history"}
+    assert reason[make] in err
 
 
 @pytest.mark.slow

@@ -26,13 +26,13 @@ PANELS = (
 def figure(runs: dict[str, dict], title: str | None = None):
     """A matplotlib figure of `runs` (label -> history): loss, accuracy (train dashed, val
     solid) and learning rate, each against epochs."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed, none opened
-    import matplotlib.pyplot as plt
+    # The object API, not pyplot: no global backend or figure registry is touched (a notebook
+    # that imports this keeps its own), and files need no display.
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+    fig = Figure(figsize=(15, 4), layout="constrained")
+    axes = fig.subplots(1, 3)
     for i, (label, history) in enumerate(runs.items()):
         colour = f"C{i % 10}"
         rows = history.get(EPOCHS, [])
@@ -52,13 +52,13 @@ def figure(runs: dict[str, dict], title: str | None = None):
             ax.set_title(name)
         if history.get(LR):
             xs, ys = zip(*history[LR], strict=True)
-            axes[2].plot(xs, ys, color=colour, label=label)
+            axes[2].plot(xs, ys, color=colour, label=label if len(runs) > 1 else None)
     axes[2].set_title("learning rate")
     for ax in axes:
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        if ax.lines:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
@@ -66,12 +66,8 @@ def figure(runs: dict[str, dict], title: str | None = None):
 
 
 def write(runs: dict[str, dict], out: Path, title: str | None = None) -> None:
-    import matplotlib.pyplot as plt
-
-    fig = figure(runs, title)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    figure(runs, title).savefig(out, dpi=100)
 
 
 def load(paths: list[str]) -> dict[str, dict]:
@@ -97,8 +93,15 @@ def load(paths: list[str]) -> dict[str, dict]:
         for path in found:
             try:
                 history = json.loads(path.read_text())
-            except (OSError, ValueError) as e:
-                raise UserError(f"{path}: unreadable ({e})") from e
+                rows, lr = history[EPOCHS], history[LR]
+                ok = all("epoch" in row for row in rows) and isinstance(lr, list)
+            except (ValueError, TypeError, KeyError):
+                ok = False
+            if not ok:
+                raise UserError(
+                    f"{path}: not a history file of this template (JSON with '{EPOCHS}' rows "
+                    f"that have an 'epoch', and '{LR}')"
+                )
             label = arg if path.parent == root else str(Path(arg) / path.parent.name)
             runs[label] = history
     return runs
