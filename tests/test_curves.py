@@ -56,13 +56,12 @@ def test_plot_overlays_runs_and_multirun_dirs(make_cfg, tmp_path, capsys):
     out = tmp_path / "both.png"
     capsys.readouterr()  # the runs' own output
     plot.main([str(tmp_path / "sweep"), "-o", str(out)])
-    assert capsys.readouterr().out.strip() == (
-        f"wrote {out} (2 runs: {tmp_path / 'sweep' / '0'}, {tmp_path / 'sweep' / '1'})"
-    )
+    assert capsys.readouterr().out.strip() == f"wrote {out} (2 runs: 0, 1)"  # the jobs
     assert imread(out).shape[1] > 300
     fig = plot.figure(plot.load([str(tmp_path / "sweep" / "0"), str(tmp_path / "sweep" / "1")]))
     loss, _, lr = fig.axes
     assert len(loss.lines) == 4 and len(lr.lines) == 2  # train + val per run; one rate each
+    assert loss.get_legend_handles_labels()[1] == ["0", "1"]
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "broken"])

@@ -47,9 +47,10 @@ def figure(runs: dict[str, dict], title: str | None = None):
                         style,
                         color=colour,
                         marker="." if len(xs) < 30 else None,
-                        label=f"{label} {key}" if len(runs) > 1 else key,
+                        # one entry per run (colour); dashed/solid is in the title
+                        label=(label if key == val_key else None) if len(runs) > 1 else key,
                     )
-            ax.set_title(name)
+            ax.set_title(f"{name} (dashed: train, solid: val)")
         if history.get(LR):
             xs, ys = zip(*history[LR], strict=True)
             axes[2].plot(xs, ys, color=colour, label=label if len(runs) > 1 else None)
@@ -104,6 +105,9 @@ def load(paths: list[str]) -> dict[str, dict]:
                 )
             label = arg if path.parent == root else str(Path(arg) / path.parent.name)
             runs[label] = history
+    names = [Path(label).name for label in runs]
+    if len(set(names)) == len(names):  # short labels where the run dir names tell them apart
+        runs = dict(zip(names, runs.values(), strict=True))
     return runs
 
 
