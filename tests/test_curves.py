@@ -36,6 +36,7 @@ def test_every_run_writes_its_history_and_curves_without_a_logger(make_cfg, tmp_
     assert picture.shape[0] > 100 and picture.shape[1] > 300
 
 
+@pytest.mark.slow  # three runs
 def test_history_survives_a_crash_and_a_resume_into_a_new_run_dir(make_cfg, tmp_path):
     """Epoch 0 before the crash (at step 16, mid epoch 1) is kept, and the resumed run's history
     is the uninterrupted run's (deterministic CPU run)."""
@@ -50,11 +51,20 @@ def test_history_survives_a_crash_and_a_resume_into_a_new_run_dir(make_cfg, tmp_
     assert (tmp_path / "new" / "curves.png").is_file()
 
 
-def test_plot_overlays_runs_and_multirun_dirs(make_cfg, tmp_path, capsys):
-    for job in ("0", "1"):
-        train(make_cfg(f"seed={job}", f"run_dir={tmp_path / 'sweep' / job}"))
+def fake_history(run_dir, epochs: int, scale: float) -> None:
+    rows = [
+        {"epoch": e, "step": 3 * (e + 1), **{k: scale / (e + 1) for k in CURVES}}
+        for e in range(epochs)
+    ]
+    run_dir.mkdir(parents=True)
+    lr = [[e / 3, 0.1 * scale] for e in range(3 * epochs)]
+    (run_dir / plot.HISTORY).write_text(json.dumps({plot.EPOCHS: rows, plot.LR: lr}))
+
+
+def test_plot_overlays_runs_and_multirun_dirs(tmp_path, capsys):
+    fake_history(tmp_path / "sweep" / "0", 3, 1.0)
+    fake_history(tmp_path / "sweep" / "1", 2, 2.0)
     out = tmp_path / "both.png"
-    capsys.readouterr()  # the runs' own output
     plot.main([str(tmp_path / "sweep"), "-o", str(out)])
     assert capsys.readouterr().out.strip() == f"wrote {out} (2 runs: 0, 1)"  # the jobs
     assert imread(out).shape[1] > 300
@@ -62,6 +72,7 @@ def test_plot_overlays_runs_and_multirun_dirs(make_cfg, tmp_path, capsys):
     loss, _, lr = fig.axes
     assert len(loss.lines) == 4 and len(lr.lines) == 2  # train + val per run; one rate each
     assert loss.get_legend_handles_labels()[1] == ["0", "1"]
+    assert list(loss.lines[2].get_xdata()) == [1, 2]  # run 1: after epochs 1 and 2
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "broken"])

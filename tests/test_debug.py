@@ -41,6 +41,7 @@ def test_fdr_runs_one_batch_of_each_loop_and_ends_cleanly(make_cfg, tmp_path):
     assert [(r["epoch"], r["step"]) for r in epochs(tmp_path)] == [(0, 1)]
 
 
+@pytest.mark.slow  # 120 steps
 def test_overfit_drives_the_training_loss_near_zero_on_the_same_batches(make_cfg, tmp_path):
     preset = compose_cfg("train", ["debug=overfit"])
     # make_cfg shrinks to 1 epoch; lr 0.02: the tiny test net (no BatchNorm) diverges at 0.05.
