@@ -49,6 +49,21 @@ class SigtermAt(L.Callback):
 SIGTERM_AT_14 = (f"+callbacks.sig._target_={__name__}.SigtermAt", "+callbacks.sig.step=14")
 
 
+def test_resume_source_is_the_checkpoint_lightning_will_load(make_cfg, tmp_path, monkeypatch):
+    assert tracking.resume_source(make_cfg()) is None
+    given = tmp_path / "x.ckpt"
+    assert tracking.resume_source(make_cfg(f"ckpt_path={given}")) == given
+    last = tracking.resume_source(make_cfg("ckpt_path=last"))
+    assert last == tmp_path / "checkpoints" / "last.ckpt"
+    for n in (2, 10):  # Lightning's SLURM requeue checkpoints: the highest number wins
+        (tmp_path / f"hpc_ckpt_{n}.ckpt").touch()
+    assert tracking.resume_source(make_cfg("ckpt_path=hpc")) == tmp_path / "hpc_ckpt_10.ckpt"
+    assert tracking.resume_source(make_cfg()) is None  # not on SLURM: Lightning ignores them
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "job")
+    assert tracking.resume_source(make_cfg()) == tmp_path / "hpc_ckpt_10.ckpt"
+
+
 # -- TensorBoard ---------------------------------------------------------------------------
 
 
