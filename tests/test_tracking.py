@@ -214,6 +214,8 @@ def wandb_records(path: Path) -> list:
             pos += 32768 - pos % 32768
             continue
         _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + n > len(data):  # still being written
+            break
         part, pos = part + data[pos + 7 : pos + 7 + n], pos + 7 + n
         if kind in (1, 4):  # a whole record, or its last piece
             record = pb.Record()
@@ -225,6 +227,18 @@ def wandb_records(path: Path) -> list:
     return out
 
 
+def finished_records(path: Path, timeout: float = 60) -> list:
+    """The records once the run's `exit` record is on disk: wandb.finish() returns before
+    W&B's core process has flushed an offline run's file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout} s"
+        time.sleep(0.2)
+
+
 def _key(item) -> str:
     return item.key or "/".join(item.nested_key)
 
@@ -234,7 +248,7 @@ def wandb_runs(run_dir: Path) -> list[tuple[str, dict, dict]]:
     out = []
     for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
         run_id, config, summary = None, {}, {}
-        for r in wandb_records(path):
+        for r in finished_records(path):
             kind = r.WhichOneof("record_type")
             if kind == "run":
                 run_id = r.run.run_id
