@@ -4,6 +4,7 @@ reliability/private.py says, on the installed versions."""
 from __future__ import annotations
 
 import lightning as L
+import pytest
 import torch
 from torch import nn
 
@@ -36,3 +37,27 @@ def test_batchnorm_base_covers_every_batchnorm_and_nothing_else():
         assert isinstance(bn, private.BatchNorm) and hasattr(bn, "running_mean")
     for other in (nn.LayerNorm(2), nn.GroupNorm(1, 2), nn.InstanceNorm2d(2)):
         assert not isinstance(other, private.BatchNorm)
+
+
+def test_flat_params_are_the_keys_mlflow_logger_logs(monkeypatch):
+    """Checked against MLFlowLogger.log_hyperparams itself, with its MLflow client replaced."""
+    mlflow_tracking = pytest.importorskip("mlflow.tracking")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    logged = {}
+
+    class Client:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def log_batch(self, run_id, params=(), **kwargs) -> None:
+            logged.update({p.key: p.value for p in params})
+
+    monkeypatch.setattr(mlflow_tracking, "MlflowClient", Client)
+    monkeypatch.setattr(MLFlowLogger, "experiment", property(lambda self: Client()))
+    monkeypatch.setattr(MLFlowLogger, "run_id", property(lambda self: "r"))
+    params = {"a": {"b": 1, "c": [{"d": 2}], "e": {}}, "f": None, "g": [1, 2]}
+    MLFlowLogger(tracking_uri="sqlite:///unused.db").log_hyperparams(params)
+    flat = private.flat_params(params)
+    assert {k: str(v) for k, v in flat.items()} == logged
+    assert set(flat) == {"a/b", "a/c/0/d", "f", "g"}

@@ -88,8 +88,15 @@ def callbacks(cfg: DictConfig) -> list[L.Callback]:
     return out
 
 
-def loggers(cfg: DictConfig) -> list:
-    return [build(c, f"logger.{k}") for k, c in (cfg.get("logger") or {}).items() if c]
+def loggers(cfg: DictConfig, resume: dict[str, dict] | None = None) -> list:
+    """The `logger` group; `resume`: config key -> arguments that continue a tracked run
+    (tracking.resume_kwargs)."""
+    resume = resume or {}
+    return [
+        build(c, f"logger.{k}", **resume.get(k, {}))
+        for k, c in (cfg.get("logger") or {}).items()
+        if c
+    ]
 
 
 def trainer(

@@ -198,6 +198,7 @@ def _check_group_choices(argv: list[str], config_dir: Path) -> None:
         ):
             continue
         valid = sorted(p.stem for p in group.glob("*.yaml"))
-        for choice in value.split(","):
+        # `a,b` is a sweep, `[a,b]` several options of the group merged (callbacks=[default,rich])
+        for choice in (c.strip() for c in value.strip("[]").split(",")):
             if choice not in valid and choice != "null":
                 _fail(f"{key}={choice} is not an option; valid: {', '.join(valid)}")

@@ -48,6 +48,7 @@ def reported():
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         msg = str(e).strip().replace("\n", " ")
-        log.error("%s", msg)
+        if logging.getLogger().handlers:  # a run's log (train.log); else it would print twice
+            log.error("%s", msg)
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(EXIT_CODE)

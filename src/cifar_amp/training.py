@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from cifar_amp import build, finetune, hydra_ddp, metrics
+from cifar_amp import build, finetune, hydra_ddp, metrics, tracking
 from cifar_amp.reliability import preflight, run_dirs, run_settings, signals
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
         run_settings.check(cfg.ckpt_path, settings)  # first: it names the setting that differs
         preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
-    callbacks, loggers = build.callbacks(cfg), build.loggers(cfg)
-    callbacks.append(run_settings.RecordRunSettings(settings))
-    with run_dirs.claim(cfg.run_dir, cfg.ckpt_path):
+    resumed = tracking.resume_kwargs(cfg)  # continue the checkpoint's MLflow / W&B runs
+    callbacks, loggers = build.callbacks(cfg), build.loggers(cfg, resumed)
+    callbacks += [run_settings.RecordRunSettings(settings), tracking.RecordTrackerRuns()]
+    with run_dirs.claim(cfg.run_dir, cfg.ckpt_path), tracking.finishing(loggers):
         save_resolved_config(cfg, cfg.run_dir)
         if cfg.ckpt_path:
             rank_zero_only(preflight.keep_previous_logs)(cfg.run_dir)
         trainer = build.trainer(cfg, prec, callbacks, loggers)
+        tracking.log_config(trainer.loggers, cfg, resumed)
         return _fit_and_test(cfg, prec, trainer, module, dm)
 
 
@@ -85,6 +87,7 @@ def _fit_and_test(cfg: DictConfig, prec, trainer: L.Trainer, module, dm) -> dict
         )
         result["tested_ckpt"] = ckpt or None
     write_json(Path(cfg.run_dir) / "metrics.json", result)
+    tracking.log_results(trainer.loggers, cfg, result, trainer.global_step)
     log.info("Results: %s", json.dumps(result))
     return result
 

@@ -277,6 +277,9 @@ class CIFARDataModule(LightningDataModule):
             rank=trainer.global_rank if trainer else 0,
             world_size=trainer.world_size if trainer else 1,
             channels_last=self.channels_last,
+            # Lightning turns shuffling off for `overfit_batches` only in torch DataLoaders
+            # (it warns that it did so here too, but cannot): the same batches every epoch.
+            shuffle=not (trainer and trainer.overfit_batches),
         )
 
     def train_dataloader(self) -> DeviceBatches:

@@ -35,6 +35,7 @@ class DeviceBatches:
         rank: int = 0,
         world_size: int = 1,
         channels_last: bool = False,
+        shuffle: bool = True,  # training order; False: the same batches every epoch (overfitting)
     ) -> None:
         self.images, self.labels = images, labels
         self.batch_size = batch_size
@@ -42,7 +43,7 @@ class DeviceBatches:
         self.std = (std * 255).to(images.device).view(1, -1, 1, 1)
         self.train, self.augment_cfg, self.seed = train, augment_cfg, seed
         self.rank, self.world_size = rank, world_size
-        self.channels_last = channels_last
+        self.channels_last, self.shuffle = channels_last, shuffle
         # Training batches are gathered whole-pixel from a (N, H, W, C) copy (uint8, small).
         self.images_hwc = images.permute(0, 2, 3, 1).contiguous() if train and augment_cfg else None
         self.epoch = 0  # set by Lightning through set_epoch() before every epoch
@@ -52,7 +53,7 @@ class DeviceBatches:
     # -- order -----------------------------------------------------------------
     def _shard(self) -> Tensor:
         n, dev = len(self.labels), self.labels.device
-        if self.train:
+        if self.train and self.shuffle:
             order = torch.randperm(
                 n, generator=augment.epoch_generator(self.seed, self.epoch, dev), device=dev
             )

@@ -34,3 +34,12 @@ def scale_tensor(scaler: GradScaler) -> Tensor | None:
     """The GradScaler's scale as the device tensor it keeps (None before its first use).
     `GradScaler.get_scale()` returns a Python float, which is a device sync per call."""
     return scaler._scale
+
+
+def flat_params(params: dict) -> dict:
+    """`params` flattened to `a/b` keys exactly as Lightning's loggers flatten hyperparameters
+    (MLFlowLogger.log_hyperparams), so that a continued MLflow run can be told which params it
+    already has (MLflow refuses to log a param twice with another value)."""
+    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+    return _flatten_dict(_convert_params(params))

@@ -1,0 +1,131 @@
+"""Training curves: `python -m cifar_amp.plot <run dir> [<run dir> ...] [-o curves.png]`.
+
+Every run writes `history.json` (per-epoch loss and accuracy, the learning rate along the
+way; callbacks/curves.py) and its own `curves.png`; this overlays several runs, one colour
+each. A multirun dir stands for its jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cifar_amp import metrics
+from cifar_amp.errors import UserError, reported
+
+HISTORY = "history.json"  # in the run dir
+LR = "lr"  # key of the learning-rate series in history.json: [[epoch (fractional), lr], ...]
+EPOCHS = "epochs"  # key of the per-epoch rows: [{"epoch": 0, "step": N, "train/loss": ...}]
+PANELS = (
+    ("loss", metrics.TRAIN_LOSS, metrics.VAL_LOSS),
+    ("accuracy", metrics.TRAIN_ACC, metrics.VAL_ACC),
+)
+
+
+def figure(runs: dict[str, dict], title: str | None = None):
+    """A matplotlib figure of `runs` (label -> history): loss, accuracy (train dashed, val
+    solid) and learning rate, each against epochs."""
+    # The object API, not pyplot: no global backend or figure registry is touched (a notebook
+    # that imports this keeps its own), and files need no display.
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(15, 4), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for i, (label, history) in enumerate(runs.items()):
+        colour = f"C{i % 10}"
+        rows = history.get(EPOCHS, [])
+        for ax, (name, train_key, val_key) in zip(axes[:2], PANELS, strict=True):
+            for key, style in ((train_key, "--"), (val_key, "-")):
+                points = [(r["epoch"] + 1, r[key]) for r in rows if r.get(key) is not None]
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    ax.plot(
+                        xs,
+                        ys,
+                        style,
+                        color=colour,
+                        marker="." if len(xs) < 30 else None,
+                        # one entry per run (colour); dashed/solid is in the title
+                        label=(label if key == val_key else None) if len(runs) > 1 else key,
+                    )
+            ax.set_title(f"{name} (dashed: train, solid: val)")
+        if history.get(LR):
+            xs, ys = zip(*history[LR], strict=True)
+            axes[2].plot(xs, ys, color=colour, label=label if len(runs) > 1 else None)
+    axes[2].set_title("learning rate")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def write(runs: dict[str, dict], out: Path, title: str | None = None) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure(runs, title).savefig(out, dpi=100)
+
+
+def load(paths: list[str]) -> dict[str, dict]:
+    """label -> history for each run dir (a dir without history.json: its jobs' dirs)."""
+    runs: dict[str, dict] = {}
+    for arg in paths:
+        root = Path(arg)
+        if not root.is_dir():
+            raise UserError(f"{arg}: no such directory (give run dirs, e.g. logs/train/runs/<run>)")
+        found = (
+            [root / HISTORY]
+            if (root / HISTORY).is_file()
+            else sorted(
+                root.glob(f"*/{HISTORY}"),
+                key=lambda p: (not p.parent.name.isdigit(), p.parent.name.zfill(9)),
+            )
+        )
+        if not found:
+            raise UserError(
+                f"{arg}: no {HISTORY} here or in its subfolders (a run dir of this template "
+                "writes one at each epoch end)"
+            )
+        for path in found:
+            try:
+                history = json.loads(path.read_text())
+                rows, lr = history[EPOCHS], history[LR]
+                ok = all("epoch" in row for row in rows) and isinstance(lr, list)
+            except (ValueError, TypeError, KeyError):
+                ok = False
+            if not ok:
+                raise UserError(
+                    f"{path}: not a history file of this template (JSON with '{EPOCHS}' rows "
+                    f"that have an 'epoch', and '{LR}')"
+                )
+            label = arg if path.parent == root else str(Path(arg) / path.parent.name)
+            runs[label] = history
+    names = [Path(label).name for label in runs]
+    if len(set(names)) == len(names):  # short labels where the run dir names tell them apart
+        runs = dict(zip(names, runs.values(), strict=True))
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m cifar_amp.plot", description="Overlay the training curves of runs."
+    )
+    parser.add_argument("runs", nargs="+", help="run dirs (or multirun dirs)")
+    parser.add_argument(
+        "-o", "--out", default="curves.png", help="output image (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    with reported():
+        runs = load(args.runs)
+        out = Path(args.out)
+        write(runs, out)
+    print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''}: {', '.join(runs)})")
+
+
+if __name__ == "__main__":
+    main()
