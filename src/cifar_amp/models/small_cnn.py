@@ -1,20 +1,22 @@
 from torch import Tensor, nn
 
-from cifar_amp.models.checkpointing import check_every, run_blocks
+from cifar_amp.models.checkpointing import recomputed, run_blocks
 
 
 class SmallCNN(nn.Module):
-    """The classic AMP-tutorial network: two 3x3 conv + pool stages, two linear layers."""
+    """The classic AMP-tutorial network: two 3x3 conv + pool stages, two linear layers.
+    Blocks and stages, for activation checkpointing: the two conv + pool stages."""
 
     def __init__(
         self,
         num_classes: int = 10,
         width: int = 32,
         hidden: int = 256,
-        activation_checkpointing: int = 0,
+        activation_checkpointing: int = 0,  # recompute every k-th block in backward; 0 = off
+        checkpoint_stages: tuple[int, ...] = (),  # or every block of these stages, e.g. [0]
     ):
         super().__init__()
-        self.checkpoint_every = check_every(activation_checkpointing)
+        self.recompute = recomputed((1, 1), activation_checkpointing, checkpoint_stages)
         self.blocks = nn.ModuleList(
             nn.Sequential(
                 nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2)
@@ -29,4 +31,4 @@ class SmallCNN(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(run_blocks(self.blocks, x, self.checkpoint_every))
+        return self.head(run_blocks(self.blocks, x, self.recompute))
