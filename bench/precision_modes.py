@@ -391,6 +391,7 @@ def write_report(
         "speed vs 32-true",
         f"speed vs {STRICT_FP32}",
         "peak mem (MB)",
+        "peak with warm-up (MB)",
         "mem vs 32-true",
         "step vs no ckpt",
         "mem vs no ckpt",
@@ -417,6 +418,7 @@ def write_report(
                 _ratio(r.get("images_per_sec"), ref.get("images_per_sec")),
                 _ratio(r.get("images_per_sec"), strict.get("images_per_sec")),
                 r.get("peak_memory_mb"),
+                r.get("peak_warmup_mb"),
                 _ratio(r.get("peak_memory_mb"), ref.get("peak_memory_mb")),
                 _ratio(r.get("step_ms"), off.get("step_ms")),
                 _ratio(r.get("peak_memory_mb"), off.get("peak_memory_mb")),
@@ -428,16 +430,20 @@ def write_report(
             ]
         )
     mem = (
-        "torch.cuda.max_memory_allocated over the timed steps (the warm-up's peak, cuDNN "
-        "autotuning included, is `peak_warmup_mb` in the JSON)"
+        "torch.cuda.max_memory_allocated over the timed steps (`with warm-up`: over the "
+        "warm-up steps, whose cuDNN autotuning tries algorithms with large workspaces)"
         if device == "cuda"
         else "peak RSS of the case's process"
     )
-    text = [
-        f"# Precision benchmark: {model}, batch {bench.data.batch_size}, {device}\n\n",
+    timing = (
         f"Median time of {bench.timed_steps} training steps after {bench.warmup_steps} "
         f"warm-up steps; images/s = batch / median step; peak memory = {mem}. "
-        f"{STRICT_FP32} is {REFERENCE} with precision.tf32=false"
+        if bench.timing
+        else "Timing not run (timing=false). "
+    )
+    text = [
+        f"# Precision benchmark: {model}, batch {bench.data.batch_size}, {device}\n\n",
+        f"{timing}{STRICT_FP32} is {REFERENCE} with precision.tf32=false"
         f"{'' if device == 'cuda' else ' (TF32 exists on CUDA only: the same maths here)'}. "
         "Ratios: `vs 32-true` and `vs 32-true-strict` at the same act. ckpt setting, `vs no "
         "ckpt` against the same mode without it. `weights+grads+opt` and `activations` "
