@@ -269,7 +269,7 @@ def largest_batch(
     _release()
     free, _ = torch.cuda.mem_get_info()
     headroom_mb = (free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()) / MB
-    guess = int(0.9 * headroom_mb / per_image_mb)
+    guess = int(0.9 * headroom_mb / per_image_mb) if per_image_mb > 0 else limit
     lo, hi = memory.largest_fitting(lambda b: trains(case, b, datamodules), guess, limit, trials)
     return {"max_batch_size": lo, "failed_batch_size": hi, "batch_limit": limit}
 

@@ -180,4 +180,5 @@ def test_activation_checkpointing_lowers_peak_cuda_memory():
     # Traced on fake tensors (bench/memory.py), the two settings keep about 0.45x of the
     # activation memory; workspaces and gradients add to both sides on a real device.
     assert stages < 0.7 * plain and every < 0.7 * plain, (plain, stages, every)
-    assert stages < late <= plain * 1.02  # the high-resolution stages are the ones that pay
+    # The high-resolution stages are the ones that pay: the last one alone saves little.
+    assert stages < 0.85 * plain < late <= 1.05 * plain, (plain, stages, late)
