@@ -4,8 +4,7 @@ from cifar_amp.models.checkpointing import recomputed, run_blocks
 
 
 class SmallCNN(nn.Module):
-    """The classic AMP-tutorial network: two 3x3 conv + pool stages, two linear layers.
-    Blocks and stages, for activation checkpointing: the two conv + pool stages."""
+    """The classic AMP-tutorial network: two 3x3 conv + pool stages, two linear layers."""
 
     def __init__(
         self,
@@ -13,7 +12,8 @@ class SmallCNN(nn.Module):
         width: int = 32,
         hidden: int = 256,
         activation_checkpointing: int = 0,  # recompute every k-th block in backward; 0 = off
-        checkpoint_stages: tuple[int, ...] = (),  # or every block of these stages, e.g. [0]
+        # or every block of these stages; here each conv + pool stage is one block: [0] or [1]
+        checkpoint_stages: tuple[int, ...] = (),
     ):
         super().__init__()
         self.recompute = recomputed((1, 1), activation_checkpointing, checkpoint_stages)
