@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train eval test test-slow test-all
+.PHONY: install train eval test test-slow test-gpu test-all
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,6 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow $(ARGS)
+
+test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
+	$(PY) -m pytest -m gpu $(ARGS)

@@ -2,16 +2,18 @@
 activation checkpointing, built as `train.py` builds a run (`cifar_amp.build`).
 
 Per case only what the table needs: `warmup_steps` training steps, then `timed_steps` steps
-timed one by one (median step time, images/s), peak memory and GradScaler skipped steps; on
-GPU also the largest batch size that fits (Lightning's batch-size finder). No validation,
-test or checkpoint: a few dozen steps say nothing about accuracy. `32-true-strict` is
-`32-true` with `precision.tf32=false` (IEEE fp32), the baseline TF32 is measured against.
-Writes bench_precision.{md,json,png} to its run dir.
+timed one by one (median step time, images/s), peak memory over the timed steps and GradScaler
+skipped steps; the memory of a step by kind (weights + gradients + optimizer state, and
+activations), traced on fake tensors (bench/memory.py); on GPU also the largest batch that
+trains, per mode. No validation, test or checkpoint: a few dozen steps say nothing about
+accuracy. `32-true-strict` is `32-true` with `precision.tf32=false` (IEEE fp32), the baseline
+TF32 is measured against. Writes bench_precision.{md,json,png} to its run dir.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import multiprocessing
@@ -19,16 +21,16 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Optional
 
 import lightning as L
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from lightning import Callback
-from lightning.pytorch.tuner import Tuner
 from omegaconf import DictConfig, OmegaConf
 
-from bench import report
+from bench import memory, report
 from cifar_amp import build, cli, config, metrics
 from cifar_amp.callbacks.precision_diagnostics import peak_rss_mb
 from cifar_amp.config import TrainConfig
@@ -41,6 +43,7 @@ CONFIGS = HERE.parent / "configs"  # the groups (data, model, precision, ...) ar
 CONFIG_NAME = "precision_modes"
 REFERENCE = "32-true"  # the template's default (TF32 on CUDA): the ratios' denominator
 STRICT_FP32 = "32-true-strict"  # 32-true with TF32 off; the same as 32-true off CUDA
+MB = 2**20
 
 
 @dataclass
@@ -56,16 +59,20 @@ class BenchConfig(TrainConfig):
             "bf16-true",
         ]
     )
-    checkpointing: list = field(default_factory=lambda: [0, 1])  # model.activation_checkpointing
+    # Activation checkpointing settings: k = model.activation_checkpointing=k (every k-th
+    # block; 0 = off), a list = model.checkpoint_stages (every block of those stages).
+    checkpointing: list = field(default_factory=lambda: [0, 1, [0, 1]])
     warmup_steps: int = 5  # untimed training steps first (allocator, cudnn autotuning)
     timed_steps: int = 20  # then this many steps, each timed with a device sync
     # Modes also run (checkpointing off) without PrecisionDiagnostics, to show what it costs.
     overhead_modes: list = field(default_factory=lambda: [REFERENCE, "16-mixed"])
-    # Each case in a fresh process: peak RSS (CPU) never resets, and GPU memory that one mode's
-    # allocator caches must not count against the next.
-    isolate: bool = True
-    find_batch_size: bool = True  # GPU only: largest batch that fits, per mode
-    batch_size_trials: int = 8  # doublings the finder may try from data.batch_size
+    # Each case in a fresh process. null: only on CPU, where a process's peak RSS cannot be
+    # reset; on CUDA the cases share one process (and its loaded data), peak stats reset.
+    isolate: Optional[bool] = None
+    timing: bool = True  # false: only the memory breakdown (any machine, about 1 s per case)
+    memory_breakdown: bool = True  # weights/grads/optimizer vs activations (bench/memory.py)
+    find_batch_size: bool = True  # GPU only: largest batch that trains, per mode
+    batch_size_trials: int = 4  # training runs (2 steps each) the search may make per mode
 
 
 BENCH_KEYS = {f.name for f in fields(BenchConfig)} - {f.name for f in fields(TrainConfig)}
@@ -84,6 +91,19 @@ def precision_of(mode: str) -> dict:
     return {"name": REFERENCE, "tf32": False} if mode == STRICT_FP32 else {"name": mode}
 
 
+def model_args(setting) -> dict:
+    """The model arguments of one `checkpointing` entry."""
+    if isinstance(setting, int):
+        return {"activation_checkpointing": setting}
+    return {"checkpoint_stages": list(setting)}
+
+
+def label(setting) -> str:
+    if isinstance(setting, int):
+        return "off" if setting == 0 else f"every {setting}"
+    return "stages " + ",".join(map(str, setting))
+
+
 def check(cfg: DictConfig) -> None:
     valid = (STRICT_FP32, *NAMES)
     for key in ("modes", "overhead_modes"):
@@ -92,51 +112,73 @@ def check(cfg: DictConfig) -> None:
             raise UserError(f"{key}: {bad}; valid: {', '.join(valid)}")
     if not cfg.modes:
         raise UserError("modes: empty; give at least one precision mode")
-    if not cfg.checkpointing or any(k < 0 for k in cfg.checkpointing):
-        raise UserError(f"checkpointing: {list(cfg.checkpointing)}; must be values >= 0")
-    if any(cfg.checkpointing) and "activation_checkpointing" not in cfg.model:
+    settings = OmegaConf.to_container(cfg.checkpointing)
+    if not settings or any(
+        not (isinstance(s, int) and s >= 0)
+        and not (isinstance(s, list) and all(isinstance(i, int) for i in s))
+        for s in settings
+    ):
         raise UserError(
-            f"checkpointing: model {cfg.model._target_} has no activation_checkpointing; "
-            "use checkpointing=[0] or model=resnet18|small_cnn"
+            f"checkpointing: {settings}; each entry: k >= 0 (every k-th block, 0 = off) "
+            "or a list of stage indices"
         )
+    for s in settings:
+        if s == 0:
+            continue
+        (arg,) = model_args(s)
+        if arg not in cfg.model:
+            raise UserError(
+                f"checkpointing: model {cfg.model._target_} has no {arg}; "
+                "use checkpointing=[0] or model=resnet18|speednet|small_cnn"
+            )
+        if isinstance(s, list):  # stage indices are the model's to check, by config key
+            build.build({**cfg.model, **model_args(s)}, "model", num_classes=10)
+    if not cfg.timing and not cfg.memory_breakdown:
+        raise UserError("timing=false and memory_breakdown=false: nothing to measure")
     for key, low in (("warmup_steps", 0), ("timed_steps", 1), ("batch_size_trials", 1)):
         if cfg[key] < low:
             raise UserError(f"{key}: {cfg[key]}; must be >= {low}")
 
 
-class StepTimer(Callback):
-    """Wall time of every training step (forward, backward, optimizer step, callbacks).
-    Benchmark only: it synchronises the device around each step, which timing one needs."""
+class StepMeter(Callback):
+    """Wall time of every training step (forward, backward, optimizer step, callbacks) and,
+    on CUDA, memory over the steps after `warmup`. Benchmark only: it synchronises the device
+    around each step, which timing one needs."""
 
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-
-    def _sync(self, pl_module) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.seconds = warmup, []
+        self.base_mb = self.peak_mb = self.peak_warmup_mb = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._sync(pl_module)
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+            if len(self.seconds) == self.warmup:  # the first timed step: steady state from here
+                self.peak_warmup_mb = torch.cuda.max_memory_allocated(pl_module.device) / MB
+                self.base_mb = torch.cuda.memory_allocated(pl_module.device) / MB
+                torch.cuda.reset_peak_memory_stats(pl_module.device)
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._sync(pl_module)
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
         self.seconds.append(time.perf_counter() - self._t0)
+        if pl_module.device.type == "cuda" and len(self.seconds) > self.warmup:
+            # A running max: PrecisionDiagnostics resets the peak at each epoch start.
+            peak = torch.cuda.max_memory_allocated(pl_module.device) / MB
+            self.peak_mb = max(self.peak_mb or 0.0, peak)
 
 
-def parts(cfg: DictConfig):
-    """Precision, DataModule and LightningModule, as `cifar_amp.training.train` builds them."""
+def parts(cfg: DictConfig, datamodules: dict | None = None):
+    """Precision, DataModule and LightningModule, as `cifar_amp.training.train` builds them.
+    `datamodules`: loaded ones by layout, reused (at this batch size) by cases in one process."""
     prec = build.precision(cfg)
     layout = prec.channels_last(build.device_type(cfg))
-    dm = build.datamodule(cfg, channels_last=layout)
+    cached = {} if datamodules is None else datamodules
+    if layout not in cached:
+        cached[layout] = build.datamodule(cfg, channels_last=layout)
+    dm = cached[layout]
+    dm.batch_size = cfg.data.batch_size
     return prec, dm, build.module(cfg, dm.num_classes, channels_last=layout)
-
-
-def largest_batch(cfg: DictConfig, trials: int) -> int:
-    prec, dm, module = parts(cfg)
-    return Tuner(build.trainer(cfg, prec)).scale_batch_size(
-        module, datamodule=dm, mode="binsearch", init_val=cfg.data.batch_size, max_trials=trials
-    )
 
 
 def cannot_run(cfg: DictConfig) -> str | None:
@@ -157,7 +199,13 @@ def cannot_run(cfg: DictConfig) -> str | None:
     return None
 
 
-def run_case(case: dict, warmup: int, find_batch_size: int) -> dict:
+def _release() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def run_case(case: dict, warmup: int, datamodules: dict | None = None) -> dict:
     """Time one case (a plain, resolved config dict), or say why the device cannot run it."""
     cfg = OmegaConf.create(case)
     reason = cannot_run(cfg)
@@ -165,25 +213,65 @@ def run_case(case: dict, warmup: int, find_batch_size: int) -> dict:
         log.warning("%s skipped: %s", cfg.precision.name, reason)
         return {"skipped": reason}
     cuda = build.device_type(cfg) == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    prec, dm, module = parts(cfg)
-    timer = StepTimer()
-    trainer = build.trainer(cfg, prec, [*build.callbacks(cfg), timer], [])
-    trainer.fit(module, datamodule=dm)
-    timed = timer.seconds[warmup:]
+    prec, dm, module = parts(cfg, datamodules)
+    meter = StepMeter(warmup)
+    trainer = build.trainer(cfg, prec, [*build.callbacks(cfg), meter], [])
+    try:
+        trainer.fit(module, datamodule=dm)
+    except torch.OutOfMemoryError:
+        return {"skipped": "out of memory"}
+    finally:
+        dm.trainer = None  # a reused DataModule must not keep this case's model alive
+    timed = meter.seconds[warmup:]
     skipped = trainer.callback_metrics.get(metrics.SKIPPED_STEPS)
-    out = {
+    return {
         "step_ms": 1000 * statistics.median(timed),
         "timed_steps": len(timed),
         "images_per_sec": cfg.data.batch_size / statistics.median(timed),
-        "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb(),
+        "peak_memory_mb": meter.peak_mb if cuda else peak_rss_mb(),
+        "peak_warmup_mb": meter.peak_warmup_mb,
+        "base_memory_mb": meter.base_mb,
         "skipped_steps": None if skipped is None else int(skipped),
+        "train_images": len(dm.splits["train"][1]) if hasattr(dm, "splits") else None,
     }
-    if find_batch_size:
-        out["max_batch_size"] = largest_batch(cfg, find_batch_size)
-    return out
+
+
+def trains(case: dict, batch: int, datamodules: dict | None) -> bool:
+    """Whether two training steps at `batch` fit in device memory."""
+    cfg = OmegaConf.create(case)
+    cfg.data.batch_size = batch
+    # cuDNN autotuning off: each new batch shape would be tuned again, for a yes/no answer.
+    cfg.trainer.update(max_steps=2, benchmark=False)
+    prec, dm, module = parts(cfg, datamodules)
+    trainer = build.trainer(cfg, prec, [], [])
+    try:
+        trainer.fit(module, datamodule=dm)
+        fits = True
+    except torch.OutOfMemoryError:
+        fits = False
+    dm.trainer = None
+    del trainer, module
+    _release()
+    log.info("Batch %d %s", batch, "fits" if fits else "does not fit")
+    return fits
+
+
+def largest_batch(
+    case: dict, per_image_mb: float, limit: int, trials: int, datamodules: dict | None = None
+) -> dict:
+    """The largest batch (up to `limit`, the training images) that trains, searched from
+    what the timed case's memory predicts (free device memory / the step's memory per
+    image). Lightning's batch-size finder would take 8 or more runs per mode from a fixed
+    start, each with validation and a checkpoint; this takes at most `trials` runs of 2
+    steps, which keeps the whole table within minutes."""
+    datamodules = {} if datamodules is None else datamodules
+    _release()
+    free, _ = torch.cuda.mem_get_info()
+    headroom_mb = (free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()) / MB
+    guess = int(0.9 * headroom_mb / per_image_mb) if per_image_mb > 0 else limit
+    lo, hi = memory.largest_fitting(lambda b: trains(case, b, datamodules), guess, limit, trials)
+    return {"max_batch_size": lo, "failed_batch_size": hi, "batch_limit": limit}
 
 
 def _run(fn, *args, isolate: bool):
@@ -210,28 +298,38 @@ def run(cfg: DictConfig) -> list[dict]:
     diagnostics_cb = base["callbacks"].get("precision_diagnostics")
     out_dir = Path(cfg.run_dir)
     cuda = build.device_type(cfg) == "cuda"
-    finder = cfg.batch_size_trials if cfg.find_batch_size and cuda else 0
-    plan = [(m, k, True) for m in cfg.modes for k in cfg.checkpointing]
-    plan += [(m, 0, False) for m in cfg.overhead_modes]
+    isolate = (not cuda) if cfg.isolate is None else cfg.isolate
+    datamodules = None if isolate else {}  # loaded once per layout, for all cases
+    settings = OmegaConf.to_container(cfg.checkpointing)
+    plan = [(m, k, True) for m in cfg.modes for k in settings]
+    plan += [(m, 0, False) for m in cfg.overhead_modes] if cfg.timing else []
+    traced: dict = {}  # breakdowns by (precision, setting): 32-true-strict has 32-true's
     rows = []
-    for mode, every, diagnostics in plan:
+    for mode, setting, diagnostics in plan:
         case = copy.deepcopy(base)
         case["precision"].update(precision_of(mode))
-        if "activation_checkpointing" in case["model"]:
-            case["model"]["activation_checkpointing"] = every
-        case["run_dir"] = str(out_dir / f"{mode}_ckpt{every}{'' if diagnostics else '_nodiag'}")
+        if setting != 0:
+            case["model"].update(model_args(setting))
+        tag = label(setting).replace(" ", "").replace(",", "-")
+        case["run_dir"] = str(out_dir / f"{mode}_{tag}{'' if diagnostics else '_nodiag'}")
         on = diagnostics and diagnostics_cb
         case["callbacks"] = {"precision_diagnostics": diagnostics_cb} if on else {}
-        log.info("Case %s, activation_checkpointing=%d, diagnostics=%s", mode, every, diagnostics)
         case = OmegaConf.to_container(OmegaConf.create(case), resolve=True)
-        res = _run(
-            run_case,
-            case,
-            cfg.warmup_steps,
-            finder if diagnostics and every == 0 else 0,
-            isolate=cfg.isolate,
-        )
-        rows.append({"mode": mode, "checkpointing": every, "diagnostics": diagnostics, **res})
+        row = {"mode": mode, "checkpointing": setting, "diagnostics": diagnostics}
+        log.info("Case %s, act. ckpt %s, diagnostics=%s", mode, label(setting), diagnostics)
+        if cfg.timing:
+            shared = () if isolate else (datamodules,)
+            row.update(_run(run_case, case, cfg.warmup_steps, *shared, isolate=isolate))
+            _release()
+        if cfg.memory_breakdown and diagnostics and "skipped" not in row:
+            key = (precision_of(mode)["name"], label(setting))
+            if key not in traced:
+                traced[key] = memory.breakdown(OmegaConf.create(case), cfg.data.batch_size)
+            row.update(traced[key])
+        rows.append(row)
+    finder = cfg.timing and cfg.find_batch_size and cuda
+    if finder:
+        search_rows(rows, base, cfg, settings[0], datamodules if not isolate else None)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench_precision.json").write_text(json.dumps(rows, indent=2) + "\n")
     write_report(
@@ -240,9 +338,33 @@ def run(cfg: DictConfig) -> list[dict]:
         cfg.model._target_.rsplit(".", 1)[-1],
         out_dir,
         "cuda" if cuda else "cpu",
-        finder_note=None if cuda else "CPU: not run (no device memory limit to find)",
+        finder_note=None if finder else "not run (GPU only: CPU has no device memory limit)",
     )
     return rows
+
+
+def search_rows(rows: list[dict], base: dict, cfg: DictConfig, setting, datamodules) -> None:
+    """Adds the largest batch to each mode's row at checkpointing `setting`. 32-true-strict
+    gets 32-true's: TF32 changes the speed, not the tensors. `datamodules`: None = isolated."""
+    found = {}
+    for row in rows:
+        if row["checkpointing"] != setting or not row["diagnostics"] or "skipped" in row:
+            continue
+        name = precision_of(row["mode"])["name"]
+        if name not in found and row.get("base_memory_mb") is not None:
+            case = copy.deepcopy(base)
+            case["precision"].update({"name": name})
+            if setting != 0:
+                case["model"].update(model_args(setting))
+            case["run_dir"] = str(Path(cfg.run_dir) / f"{name}_batch_search")
+            case["callbacks"] = {}
+            case = OmegaConf.to_container(OmegaConf.create(case), resolve=True)
+            per_image = (row["peak_memory_mb"] - row["base_memory_mb"]) / cfg.data.batch_size
+            log.info("Largest batch of %s", name)
+            args = (case, per_image, row["train_images"] or 2**20, cfg.batch_size_trials)
+            shared = () if datamodules is None else (datamodules,)
+            found[name] = _run(largest_batch, *args, *shared, isolate=datamodules is None)
+        row.update(found.get(name, {}))
 
 
 def _ratio(a, b):
@@ -258,57 +380,81 @@ def write_report(
     finder_note: str | None,
 ) -> None:
     main = [r for r in rows if r["diagnostics"]]
-    ref = {r["checkpointing"]: r for r in main if r["mode"] == REFERENCE and "skipped" not in r}
-    plain = {r["mode"]: r for r in main if r["checkpointing"] == 0}
+    ok = [r for r in main if "skipped" not in r]
+    by = {(r["mode"], label(r["checkpointing"])): r for r in ok}
+    settings = list(dict.fromkeys(label(r["checkpointing"]) for r in main))
     cols = [
         "mode",
         "act. ckpt",
         "median step (ms)",
         "images/s",
         "speed vs 32-true",
+        f"speed vs {STRICT_FP32}",
         "peak mem (MB)",
+        "peak with warm-up (MB)",
         "mem vs 32-true",
         "step vs no ckpt",
         "mem vs no ckpt",
+        "weights+grads+opt (MB)",
+        "activations (MB)",
+        "act. vs no ckpt",
         "skipped steps",
         "note",
     ]
     table = []
     for r in main:
+        ck = label(r["checkpointing"])
         if "skipped" in r:
-            table.append([r["mode"], r["checkpointing"], *[None] * 8, f"skipped: {r['skipped']}"])
+            table.append([r["mode"], ck, *[None] * (len(cols) - 3), f"skipped: {r['skipped']}"])
             continue
-        r32, r0 = ref.get(r["checkpointing"], {}), plain.get(r["mode"], {})
+        ref, strict = by.get((REFERENCE, ck), {}), by.get((STRICT_FP32, ck), {})
+        off = by.get((r["mode"], "off"), {}) if ck != "off" else {}
         table.append(
             [
                 r["mode"],
-                r["checkpointing"],
-                r["step_ms"],
-                r["images_per_sec"],
-                _ratio(r["images_per_sec"], r32.get("images_per_sec")),
-                r["peak_memory_mb"],
-                _ratio(r["peak_memory_mb"], r32.get("peak_memory_mb")),
-                _ratio(r["step_ms"], r0.get("step_ms")) if r["checkpointing"] else None,
-                _ratio(r["peak_memory_mb"], r0.get("peak_memory_mb"))
-                if r["checkpointing"]
-                else None,
-                r["skipped_steps"],
-                f"max batch {r['max_batch_size']}" if "max_batch_size" in r else "",
+                ck,
+                r.get("step_ms"),
+                r.get("images_per_sec"),
+                _ratio(r.get("images_per_sec"), ref.get("images_per_sec")),
+                _ratio(r.get("images_per_sec"), strict.get("images_per_sec")),
+                r.get("peak_memory_mb"),
+                r.get("peak_warmup_mb"),
+                _ratio(r.get("peak_memory_mb"), ref.get("peak_memory_mb")),
+                _ratio(r.get("step_ms"), off.get("step_ms")),
+                _ratio(r.get("peak_memory_mb"), off.get("peak_memory_mb")),
+                r.get("state_mb"),
+                r.get("activations_mb"),
+                _ratio(r.get("activations_mb"), off.get("activations_mb")),
+                r.get("skipped_steps"),
+                _batch_note(r),
             ]
         )
     mem = (
-        "torch.cuda.max_memory_allocated" if device == "cuda" else "peak RSS of the case's process"
+        "torch.cuda.max_memory_allocated over the timed steps (`with warm-up`: over the "
+        "warm-up steps, whose cuDNN autotuning tries algorithms with large workspaces)"
+        if device == "cuda"
+        else "peak RSS of the case's process"
     )
-    text = [
-        f"# Precision benchmark: {model}, batch {bench.data.batch_size}, {device}\n",
+    timing = (
         f"Median time of {bench.timed_steps} training steps after {bench.warmup_steps} "
         f"warm-up steps; images/s = batch / median step; peak memory = {mem}. "
-        f"{STRICT_FP32} is {REFERENCE} with precision.tf32=false"
-        f"{'' if device == 'cuda' else ' (TF32 exists on CUDA only: the same maths here)'}.\n\n",
+        if bench.timing
+        else "Timing not run (timing=false). "
+    )
+    text = [
+        f"# Precision benchmark: {model}, batch {bench.data.batch_size}, {device}\n\n",
+        f"{timing}{STRICT_FP32} is {REFERENCE} with precision.tf32=false"
+        f"{'' if device == 'cuda' else ' (TF32 exists on CUDA only: the same maths here)'}. "
+        "Ratios: `vs 32-true` and `vs 32-true-strict` at the same act. ckpt setting, `vs no "
+        "ckpt` against the same mode without it. `weights+grads+opt` and `activations` "
+        "(kept for backward, recomputed ones included) are the step's tensors at its peak, "
+        "traced on fake tensors: device-independent (bench/memory.py); the measured peak adds "
+        "the data kept on the device, the batch, activation gradients and workspaces.\n\n",
         report.markdown(cols, table),
     ]
     if finder_note:
         text.append(f"\nLargest batch size per mode: {finder_note}.\n")
+    plain = {r["mode"]: r for r in ok if label(r["checkpointing"]) == "off"}
     over = [
         (r, plain.get(r["mode"], {})) for r in rows if not r["diagnostics"] and "skipped" not in r
     ]
@@ -330,18 +476,32 @@ def write_report(
         )
     (out_dir / "bench_precision.md").write_text("".join(text))
     modes = list(dict.fromkeys(r["mode"] for r in main))
-    by = {(r["mode"], r["checkpointing"]): r for r in main if "skipped" not in r}
     # One baseline for every bar, so the chart shows what checkpointing saves as well.
-    k0 = bench.checkpointing[0]
-    base = ref.get(k0, {})
+    base = by.get((REFERENCE, settings[0]), {})
     panels = []
-    for what, key in (("images/s", "images_per_sec"), ("peak memory", "peak_memory_mb")):
+    for what, key in (
+        ("images/s", "images_per_sec"),
+        ("peak memory", "peak_memory_mb"),
+        ("activations", "activations_mb"),
+    ):
         series = {
             f"act. ckpt {k}": [_ratio(by.get((m, k), {}).get(key), base.get(key)) for m in modes]
-            for k in bench.checkpointing
+            for k in settings
         }
-        panels.append((f"{what} relative to 32-true with act. ckpt {k0}", series))
+        if any(v is not None for vs in series.values() for v in vs):
+            panels.append((f"{what} relative to 32-true with act. ckpt {settings[0]}", series))
     report.grouped_bars(out_dir / "bench_precision.png", modes, panels, reference_line=1.0)
+
+
+def _batch_note(row: dict) -> str:
+    if "batch_limit" not in row:
+        return ""
+    lo, hi, limit = row["max_batch_size"], row["failed_batch_size"], row["batch_limit"]
+    if lo is None:
+        return f"max batch < {hi}"
+    if lo == limit:
+        return f"max batch >= {lo} (all training images)"
+    return f"max batch {lo}" + (f" (fails at {hi})" if hi else " (no failure reached)")
 
 
 def main() -> None:

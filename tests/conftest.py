@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,19 @@ SHRINK = (
 )
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+# Lightning strategy for tests on two CPU processes. Where CUDA exists, this pytest process
+# has already talked to the CUDA driver (torch.cuda.is_available() above, Lightning's device
+# lookup, GPU tests), and a forked child of such a process can crash: on an H100 box both
+# ddp_fork ranks died with SIGSEGV. Spawned ranks start from a fresh interpreter, at the cost
+# of importing torch again (about 20 s per test on a loaded 2-core box), so machines without
+# CUDA, where forking is safe, keep the fast fork. CIFAR_AMP_TEST_SPAWN=1 spawns anyway, to
+# check the CUDA machines' path on a CPU one.
+CPU_DDP = (
+    "ddp_spawn"
+    if torch.cuda.is_available() or os.environ.get("CIFAR_AMP_TEST_SPAWN")
+    else "ddp_fork"
+)
 
 
 def compose_cfg(

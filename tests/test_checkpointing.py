@@ -1,5 +1,6 @@
 """Activation checkpointing must change memory, never the maths: same gradients, and
-BatchNorm running statistics updated once per step, as without it."""
+BatchNorm running statistics updated once per step, as without it; and the blocks it
+recomputes are the ones the model's settings name."""
 
 import copy
 
@@ -7,33 +8,56 @@ import pytest
 import torch
 from torch import nn
 
+from cifar_amp.errors import InvalidArgument
 from cifar_amp.models import ResNet18, SmallCNN, SpeedNet
-from cifar_amp.models.checkpointing import run_blocks
+from cifar_amp.models.checkpointing import recomputed, run_blocks
 
 MODELS = {
-    "small_cnn": lambda k: SmallCNN(width=8, hidden=16, activation_checkpointing=k),
-    "resnet18": lambda k: ResNet18(activation_checkpointing=k),
-    "speednet": lambda k: SpeedNet(widths=(16, 32, 32), stem_width=12, activation_checkpointing=k),
+    "small_cnn": lambda **ck: SmallCNN(width=8, hidden=16, **ck),
+    "resnet18": lambda **ck: ResNet18(**ck),
+    "speednet": lambda **ck: SpeedNet(widths=(16, 32, 32), stem_width=12, **ck),
 }
+# Each model with both ways of choosing blocks (ResNet-18's stage 1 has the downsampling
+# block, with its own BatchNorm).
+CASES = [
+    ("small_cnn", {"activation_checkpointing": 1}),
+    ("small_cnn", {"checkpoint_stages": [1]}),
+    ("speednet", {"activation_checkpointing": 1}),
+    ("speednet", {"checkpoint_stages": [0]}),
+    ("resnet18", {"activation_checkpointing": 2}),
+    ("resnet18", {"checkpoint_stages": [1]}),
+]
 
 
-def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, dict]:
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(
-        lambda t: saved.append(t.numel()) or t, lambda t: t
-    ):
+def _saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The loss, and the bytes of the tensors its graph keeps for backward (each storage
+    once, parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = nn.functional.cross_entropy(model(x), y)
+    return loss, sum(saved.values())
+
+
+def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, int]:
+    loss, saved = _saved_bytes(model, x, y)
     loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    return grads, sum(saved)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, saved
 
 
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("every", [1, 2])
-def test_checkpointing_gives_same_grads_and_running_stats(name, every):
+@pytest.mark.parametrize("name, setting", CASES, ids=lambda c: str(c))
+def test_checkpointing_gives_same_grads_and_running_stats(name, setting):
     torch.manual_seed(0)
-    plain = MODELS[name](0).train()
-    ckpt = MODELS[name](every).train()
+    plain = MODELS[name]().train()
+    ckpt = MODELS[name](**setting).train()
+    assert list(ckpt.state_dict()) == list(plain.state_dict())  # checkpoint files unchanged
     ckpt.load_state_dict(plain.state_dict())
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
     ref, saved_plain = _step(plain, x, y)
@@ -46,12 +70,53 @@ def test_checkpointing_gives_same_grads_and_running_stats(name, every):
     assert saved_ckpt < saved_plain  # it did checkpoint: fewer activations kept for backward
 
 
+def test_the_high_resolution_stages_hold_most_activations():
+    # What makes the stage choice worth having: recomputing ResNet-18's first stage frees
+    # more than recomputing its last two, for the same number of recomputed convolutions.
+    x, y = torch.randn(1, 3, 32, 32), torch.randint(0, 10, (1,))
+    saved = {}
+    for stages in ((), (0,), (2, 3), (0, 1)):
+        torch.manual_seed(0)
+        saved[stages] = _saved_bytes(ResNet18(checkpoint_stages=stages).train(), x, y)[1]
+    assert saved[(0, 1)] < saved[(0,)] < saved[(2, 3)] < saved[()]
+    assert saved[(0, 1)] < 0.5 * saved[()]
+
+
+@pytest.mark.parametrize(
+    "sizes, every, stages, expected",
+    [
+        ((3, 2, 2, 2), 0, (), set()),
+        ((3, 2, 2, 2), 1, (), set(range(9))),
+        ((3, 2, 2, 2), 4, (), {0, 4, 8}),
+        ((3, 2, 2, 2), 0, (0,), {0, 1, 2}),
+        ((3, 2, 2, 2), 0, [1, 3], {3, 4, 7, 8}),
+        ((2, 1, 1), 0, [2], {3}),
+    ],
+)
+def test_recomputed_blocks(sizes, every, stages, expected):
+    assert recomputed(sizes, every, stages) == expected
+
+
+@pytest.mark.parametrize(
+    "every, stages, message",
+    [
+        (-1, (), "activation_checkpointing: -1; must be >= 0"),
+        (0, (4,), r"checkpoint_stages: \[4\]; stages are 0..3"),
+        (0, (-1,), r"checkpoint_stages: \[-1\]; stages are 0..3"),
+        (2, (0,), r"checkpoint_stages: \[0\]; set either it or activation_checkpointing"),
+    ],
+)
+def test_bad_checkpointing_settings_are_refused(every, stages, message):
+    with pytest.raises(InvalidArgument, match=message):
+        ResNet18(activation_checkpointing=every, checkpoint_stages=stages)
+
+
 def test_running_stats_moved_once():
     bn = nn.BatchNorm1d(3, momentum=0.5)
     ckpt = copy.deepcopy(bn)
     x = torch.randn(8, 3) + 2.0
     bn(x).sum().backward()
-    run_blocks([ckpt], x.clone().requires_grad_(), every=1).sum().backward()
+    run_blocks([ckpt], x.clone().requires_grad_(), recompute={0}).sum().backward()
     assert int(ckpt.num_batches_tracked) == 1
     torch.testing.assert_close(ckpt.running_mean, bn.running_mean)
     torch.testing.assert_close(ckpt.running_var, bn.running_var)
@@ -68,10 +133,10 @@ def test_dropout_blocks_give_same_grads():
 
     x = torch.randn(8, 16)
     grads = []
-    for every in (0, 1):
+    for recompute in (set(), {0, 1, 2}):
         blocks = net()
         torch.manual_seed(123)
-        run_blocks(blocks, x, every).square().sum().backward()
+        run_blocks(blocks, x, recompute).square().sum().backward()
         grads.append([p.grad for p in blocks.parameters()])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(b, a)

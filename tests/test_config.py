@@ -61,7 +61,8 @@ def test_model_arguments_are_typed_from_the_constructor(make_cfg):
         ("module.label_smoothing=1.0", "module.label_smoothing"),
         ("precision.scaler.backoff_factor=2", "precision.scaler.backoff_factor"),
         ("data.augment.translate=-1", "data.augment.translate"),
-        ("model.activation_checkpointing=-1", "model"),
+        ("model.activation_checkpointing=-1", "model.activation_checkpointing"),
+        ("model.checkpoint_stages=[5]", "model.checkpoint_stages"),
     ],
 )
 def test_out_of_range_values_name_the_key(make_cfg, override, key):

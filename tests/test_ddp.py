@@ -11,12 +11,13 @@ import sys
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf
 
 from cifar_amp import build, metrics
 from cifar_amp.module import ImageClassifier
-from conftest import REPO, SHRINK
+from conftest import CPU_DDP, REPO, SHRINK
 
-TWO_RANKS = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp_fork")
+TWO_RANKS = ("trainer.accelerator=cpu", "trainer.devices=2", f"trainer.strategy={CPU_DDP}")
 
 
 class RecordLabels(Callback):
@@ -29,6 +30,10 @@ class RecordLabels(Callback):
         path = self.out / f"rank{trainer.global_rank}_epoch{trainer.current_epoch}.txt"
         with open(path, "a") as f:
             f.write(" ".join(map(str, batch[1].tolist())) + "\n")
+
+
+def plain(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def seen(path) -> list[int]:
@@ -46,7 +51,9 @@ def test_two_ranks_see_every_training_sample_once_per_epoch(make_cfg, tmp_path):
     n = len(images)
     dm.splits["train"] = (images, torch.arange(n))  # label = sample index, one class each
     sgd = functools.partial(torch.optim.SGD, lr=0.01)
-    module = ImageClassifier(net=cfg.model, num_classes=n, optimizer=sgd)
+    # Plain containers: a spawned rank unpickles the module, and a schema-typed DictConfig
+    # does not pickle.
+    module = ImageClassifier(net=plain(cfg.model), num_classes=n, optimizer=sgd)
     build.trainer(cfg, callbacks=[RecordLabels(tmp_path)], loggers=[]).fit(module, datamodule=dm)
 
     orders = []
@@ -62,7 +69,7 @@ def test_two_rank_test_metrics_equal_one_rank(make_cfg, tmp_path):
     # 60 test images: one rank sees batches of 32 + 28, two ranks 30 each.
     one = make_cfg("trainer=cpu", "data.eval_batch_size=32")
     two = make_cfg(*TWO_RANKS, "data.eval_batch_size=32")
-    module = ImageClassifier(net=one.model, num_classes=10)
+    module = ImageClassifier(net=plain(one.model), num_classes=10)
     ref = build.trainer(one).test(module, datamodule=build.datamodule(one), verbose=False)[0]
     got = build.trainer(two).test(module, datamodule=build.datamodule(two), verbose=False)[0]
     assert got[metrics.TEST_ACC] == pytest.approx(ref[metrics.TEST_ACC], abs=1e-6)

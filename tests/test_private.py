@@ -17,7 +17,9 @@ def test_local_path_rule():
 
 
 def test_sigterm_flag_is_the_one_the_trainer_reads():
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
     private.set_received_sigterm(trainer, True)
     assert trainer.received_sigterm
     private.set_received_sigterm(trainer, False)

@@ -11,6 +11,7 @@ from cifar_amp import metrics
 from cifar_amp.errors import UserError
 from cifar_amp.schedules import OneCycleLR, warmup_steps
 from cifar_amp.training import train
+from conftest import CPU_DDP
 
 MAX_LR = 0.2
 ARGS = {"max_lr": MAX_LR, "pct_start": 0.25, "anneal_strategy": "linear"}  # the default recipe's
@@ -121,7 +122,7 @@ def test_ddp_run_of_four_steps_per_rank_trains(make_cfg):
     # 180 training images: 90 per rank, 4 batches of 22.
     cfg = make_cfg(
         "trainer.devices=2",
-        "trainer.strategy=ddp_fork",
+        f"trainer.strategy={CPU_DDP}",
         "data.batch_size=22",
         "callbacks=none",
         "test=false",

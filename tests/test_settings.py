@@ -90,6 +90,17 @@ def test_tf32_is_explicit_and_reported(make_cfg):
     assert "layout contiguous (NCHW)" in prec.describe(build.trainer(cfg, prec, [], []))
 
 
+def test_the_layout_is_stated_and_a_datamodule_that_cannot_follow_is_named(make_cfg, caplog):
+    cfg = make_cfg("precision=bf16-mixed", "precision.channels_last=true")
+    prec = build.precision(cfg)
+    line = prec.describe(build.trainer(cfg, prec, [], []))
+    assert line.endswith("; layout channels_last (network and batches)")  # no TF32 off CUDA
+    cfg.data = {"_target_": "lightning.pytorch.demos.boring_classes.BoringDataModule"}
+    with caplog.at_level("WARNING", logger="cifar_amp.build"):
+        build.datamodule(cfg, channels_last=True)
+    assert "BoringDataModule takes no channels_last argument" in caplog.text
+
+
 def test_a_users_datamodule_plugs_in_with_one_yaml_file(tmp_path):
     """docs/fork.md's worked example: a class of the user's and configs/data/noise.yaml."""
     configs = shutil.copytree(CONFIGS, tmp_path / "configs")

@@ -61,6 +61,12 @@ def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataM
     # A user's DataModule need not know about memory layouts; ours lays batches out once.
     target = get_class(cfg.data._target_)
     takes_layout = "channels_last" in inspect.signature(target).parameters
+    if channels_last and not takes_layout:
+        log.warning(
+            "Layout: the network is channels_last, but %s takes no channels_last argument: "
+            "its batches keep the layout it gives them",
+            target.__name__,
+        )
     return build(cfg.data, "data", **({"channels_last": channels_last} if takes_layout else {}))
 
 

@@ -78,10 +78,19 @@ class Precision:
 
     def describe(self, trainer) -> str:
         """One line: plugin, autocast dtype, scaler settings, layout and TF32."""
-        device = trainer.strategy.root_device.type
-        layout = "channels_last" if self.channels_last(device) else "contiguous (NCHW)"
-        tf32 = f", TF32 {'on' if self.tf32 else 'off'}" if device == "cuda" else ""
-        return f"{describe_plugin(trainer)}; layout {layout}{tf32}"
+        device = trainer.strategy.root_device
+        cl = self.channels_last(device.type)
+        layout = "channels_last (network and batches)" if cl else "contiguous (NCHW)"
+        return f"{describe_plugin(trainer)}; layout {layout}{self._tf32_state(device)}"
+
+    def _tf32_state(self, device: torch.device) -> str:
+        if device.type != "cuda":
+            return ""
+        if torch.cuda.get_device_capability(device)[0] < 8:
+            return "; TF32 n/a (needs Ampere or newer)"
+        if self.tf32:
+            return "; TF32 on (float32 convolutions and matmuls; precision.tf32=false: strict)"
+        return "; TF32 off (strict IEEE float32)"
 
 
 def describe_plugin(trainer) -> str:

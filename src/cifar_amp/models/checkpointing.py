@@ -1,25 +1,50 @@
 """Activation (gradient) checkpointing over a model's sequence of blocks.
 
 Models call :func:`run_blocks` in their forward instead of wrapping submodules, so the
-state-dict keys (and thus checkpoints) are the same with checkpointing on or off.
+state-dict keys (and thus checkpoints) are the same with checkpointing on or off. Which blocks
+are recomputed in backward is chosen by one of two model arguments, resolved by
+:func:`recomputed`: every k-th block, or every block of chosen stages (a stage is the blocks
+at one resolution, the stem counted with the first; the early, high-resolution stages hold
+most of the activations for the same recompute cost as the later ones).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable
+import itertools
+from typing import Callable, Container, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from cifar_amp.errors import InvalidArgument
 from cifar_amp.reliability import private
 
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
+class Chain:
+    """Layers applied in order, as one block, without registering them again: an
+    nn.Sequential over a model's existing layers would add state-dict keys. Built in
+    forward, so it always holds the model's current layers."""
+
+    def __init__(self, *layers: Callable[[Tensor], Tensor]) -> None:
+        self.layers = layers
+
+    def __call__(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def modules(self) -> Iterator[nn.Module]:
+        for layer in self.layers:
+            if isinstance(layer, nn.Module):
+                yield from layer.modules()
+
+
 @contextlib.contextmanager
-def _running_stats_to_scratch(block: nn.Module):
+def _running_stats_to_scratch(block: nn.Module | Chain):
     # The recompute in backward runs each BatchNorm forward a second time; its running-stat
     # update must not land (else they move twice per step). Turning tracking off for the
     # recompute is not an option: BatchNorm would then save fewer tensors than in the first
@@ -37,11 +62,11 @@ def _running_stats_to_scratch(block: nn.Module):
                 setattr(m, k, t)
 
 
-def run_blocks(blocks: Iterable[nn.Module], x: Tensor, every: int) -> Tensor:
-    """Apply `blocks` in order; with `every` = k > 0, recompute every k-th block's
-    activations in backward instead of storing them (blocks 0, k, 2k, ...)."""
+def run_blocks(blocks: Iterable[nn.Module | Chain], x: Tensor, recompute: Container[int]) -> Tensor:
+    """Apply `blocks` in order; the activations of the blocks whose index is in `recompute`
+    are not kept for backward but recomputed there (when gradients are being recorded)."""
     for i, block in enumerate(blocks):
-        if every > 0 and i % every == 0 and block.training and torch.is_grad_enabled():
+        if i in recompute and torch.is_grad_enabled():
             x = checkpoint(
                 block,
                 x,
@@ -53,9 +78,27 @@ def run_blocks(blocks: Iterable[nn.Module], x: Tensor, every: int) -> Tensor:
     return x
 
 
-def check_every(every: int) -> int:
+def recomputed(stage_sizes: Sequence[int], every: int, stages: Sequence[int]) -> frozenset[int]:
+    """The indices of the blocks to recompute, from a model's two arguments: `every` = k > 0
+    recomputes blocks 0, k, 2k, ... (`activation_checkpointing`); `stages` recomputes every
+    block of those stages (`checkpoint_stages`). `stage_sizes`: blocks per stage, in order."""
     if every < 0:
-        raise ValueError(
-            f"activation_checkpointing must be >= 0 (0 = off, k = every k-th block), got {every}"
+        raise InvalidArgument(
+            "activation_checkpointing", every, "must be >= 0 (0 = off, k = every k-th block)"
         )
-    return every
+    n = len(stage_sizes)
+    stages = list(stages)
+    if any(not isinstance(s, int) or not 0 <= s < n for s in stages):
+        raise InvalidArgument(
+            "checkpoint_stages", stages, f"stages are 0..{n - 1}, highest resolution first"
+        )
+    if every and stages:
+        raise InvalidArgument(
+            "checkpoint_stages",
+            stages,
+            f"set either it or activation_checkpointing (every k-th block, here {every}), not both",
+        )
+    if every:
+        return frozenset(range(0, sum(stage_sizes), every))
+    starts = list(itertools.accumulate(stage_sizes, initial=0))
+    return frozenset(i for s in stages for i in range(starts[s], starts[s + 1]))

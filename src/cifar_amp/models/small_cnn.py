@@ -1,6 +1,6 @@
 from torch import Tensor, nn
 
-from cifar_amp.models.checkpointing import check_every, run_blocks
+from cifar_amp.models.checkpointing import recomputed, run_blocks
 
 
 class SmallCNN(nn.Module):
@@ -15,10 +15,12 @@ class SmallCNN(nn.Module):
         num_classes: int = 10,
         width: int = 32,
         hidden: int = 256,
-        activation_checkpointing: int = 0,
+        activation_checkpointing: int = 0,  # recompute every k-th block in backward; 0 = off
+        # or every block of these stages; here each conv + pool stage is one block: [0] or [1]
+        checkpoint_stages: tuple[int, ...] = (),
     ):
         super().__init__()
-        self.checkpoint_every = check_every(activation_checkpointing)
+        self.recompute = recomputed((1, 1), activation_checkpointing, checkpoint_stages)
         self.blocks = nn.ModuleList(
             nn.Sequential(
                 nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2)
@@ -34,4 +36,4 @@ class SmallCNN(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.pool(run_blocks(self.blocks, x, self.checkpoint_every)))
+        return self.head(self.pool(run_blocks(self.blocks, x, self.recompute)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from cifar_amp.models.checkpointing import check_every, run_blocks
+from cifar_amp.models.checkpointing import Chain, recomputed, run_blocks
 
 
 class ConvGroup(nn.Sequential):
@@ -22,6 +22,9 @@ class ConvGroup(nn.Sequential):
 
 
 class SpeedNet(nn.Module):
+    """Blocks, for activation checkpointing: the stem, then one per group. Stages: one per
+    group (the first holds the stem too), highest resolution first."""
+
     def __init__(
         self,
         num_classes: int = 10,
@@ -29,10 +32,12 @@ class SpeedNet(nn.Module):
         stem_width: int = 24,  # 2 x (3 x 2 x 2) patch dimensions: whitening needs >= 12
         bn_momentum: float = 0.4,  # torch convention (weight of the new batch)
         logit_scale: float = 1 / 9,  # scaled-down logits train faster with high learning rates
-        activation_checkpointing: int = 0,
+        activation_checkpointing: int = 0,  # recompute every k-th block in backward; 0 = off
+        checkpoint_stages: tuple[int, ...] = (),  # or every block of these stages, e.g. [0]
     ):
         super().__init__()
-        self.checkpoint_every = check_every(activation_checkpointing)
+        stages = (2, *[1] * (len(widths) - 1))
+        self.recompute = recomputed(stages, activation_checkpointing, checkpoint_stages)
         self.stem = nn.Conv2d(3, stem_width, kernel_size=2, padding=0, bias=True)
         chans = (stem_width, *widths)
         self.blocks = nn.ModuleList(
@@ -43,6 +48,5 @@ class SpeedNet(nn.Module):
         self.logit_scale = logit_scale
 
     def forward(self, x: Tensor) -> Tensor:
-        x = nn.functional.gelu(self.stem(x))
-        x = run_blocks(self.blocks, x, self.checkpoint_every)
+        x = run_blocks([Chain(self.stem, nn.functional.gelu), *self.blocks], x, self.recompute)
         return self.head(self.pool(x).flatten(1)) * self.logit_scale

@@ -1,0 +1,184 @@
+"""On CUDA: every precision mode trains with the dtypes it promises, the GradScaler backs off
+on overflow, 16-bit modes run channels_last, TF32 follows its setting, and activation
+checkpointing lowers peak device memory. `pytest -m gpu`; skipped without CUDA."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from lightning import Callback
+
+from cifar_amp import build
+from cifar_amp.models import ResNet18
+from conftest import requires_cuda
+
+pytestmark = [pytest.mark.gpu, requires_cuda]
+
+ON_CUDA = ("trainer.accelerator=gpu", "trainer.devices=1", "callbacks=none", "test=false")
+# (parameter dtype, dtype of the network's output) per mode
+DTYPES = {
+    "32-true": (torch.float32, torch.float32),
+    "16-mixed": (torch.float32, torch.float16),
+    "bf16-mixed": (torch.float32, torch.bfloat16),
+    "16-true": (torch.float16, torch.float16),
+    "bf16-true": (torch.bfloat16, torch.bfloat16),
+}
+
+
+class Record(Callback):
+    """Losses, parameter and output dtypes, and the layout of batches and activations."""
+
+    def __init__(self) -> None:
+        self.losses, self.params, self.outputs, self.batches_nhwc, self.conv_out_nhwc = (
+            [],
+            set(),
+            set(),
+            [],
+            [],
+        )
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        conv = next(m for m in pl_module.net.modules() if isinstance(m, torch.nn.Conv2d))
+        conv.register_forward_hook(
+            lambda m, i, o: self.conv_out_nhwc.append(
+                o.is_contiguous(memory_format=torch.channels_last)
+            )
+        )
+        pl_module.net.register_forward_hook(lambda m, i, o: self.outputs.add(o.dtype))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        x = batch[0]
+        assert x.is_cuda
+        self.batches_nhwc.append(x.is_contiguous(memory_format=torch.channels_last))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+        self.params |= {p.dtype for p in pl_module.net.parameters()}
+
+
+def fit(cfg, *callbacks):
+    """Built as cifar_amp.training.train builds a run (the layout from the precision)."""
+    L.seed_everything(cfg.seed)
+    prec = build.precision(cfg)
+    layout = prec.channels_last("cuda")
+    dm = build.datamodule(cfg, channels_last=layout)
+    module = build.module(cfg, dm.num_classes, channels_last=layout)
+    trainer = build.trainer(cfg, prec, list(callbacks), [], enable_checkpointing=False)
+    trainer.fit(module, datamodule=dm)
+    return trainer, module, prec
+
+
+def needs(mode: str) -> None:
+    if mode.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        pytest.skip(f"{torch.cuda.get_device_name()} has no bfloat16")
+
+
+@pytest.mark.parametrize("mode", DTYPES)
+def test_every_mode_trains_with_finite_loss_and_its_dtypes(make_cfg, mode):
+    needs(mode)
+    rec = Record()
+    cfg = make_cfg(*ON_CUDA, f"precision={mode}", "trainer.max_steps=4", "module.scheduler=null")
+    trainer, module, _ = fit(cfg, rec)
+    assert trainer.global_step == 4 and len(rec.losses) == 4
+    assert all(math.isfinite(v) for v in rec.losses), rec.losses
+    params, outputs = DTYPES[mode]
+    assert rec.params == {params} and rec.outputs == {outputs}
+    assert next(module.parameters()).is_cuda
+
+
+def test_fp16_overflow_backs_off_the_scale_on_cuda(make_cfg):
+    cfg = make_cfg(
+        *ON_CUDA,
+        "precision=16-mixed",
+        "precision.scaler.init_scale=1e30",  # overflows float16 gradients at once
+        "trainer.max_steps=1",
+        "module.scheduler=null",
+    )
+    before = {}
+
+    class Keep(Callback):
+        def on_train_start(self, trainer, pl_module):
+            before.update({k: v.clone() for k, v in pl_module.net.state_dict().items()})
+
+    trainer, module, _ = fit(cfg, Keep())
+    scaler = trainer.precision_plugin.scaler
+    assert scaler.get_scale() == pytest.approx(0.5e30)
+    weights = {k: v for k, v in module.net.state_dict().items() if "weight" in k}
+    assert all(torch.equal(before[k], v) for k, v in weights.items())  # the step was skipped
+
+
+@pytest.mark.parametrize(
+    "mode, setting, nhwc",
+    [
+        ("16-mixed", None, True),
+        ("bf16-mixed", None, True),
+        ("bf16-true", None, True),
+        ("32-true", None, False),
+        ("16-mixed", False, False),
+    ],
+)
+def test_channels_last_is_in_effect_for_16_bit_modes(make_cfg, mode, setting, nhwc):
+    needs(mode)
+    layout = [] if setting is None else [f"precision.channels_last={str(setting).lower()}"]
+    cfg = make_cfg(*ON_CUDA, f"precision={mode}", *layout, "trainer.max_steps=2")
+    rec = Record()
+    trainer, module, prec = fit(cfg, rec)
+    conv = next(m for m in module.net.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) is nhwc
+    assert rec.batches_nhwc == [nhwc] * 2  # every batch, laid out by the data
+    assert all(v is nhwc for v in rec.conv_out_nhwc) and rec.conv_out_nhwc
+    wanted = "channels_last (network and batches)" if nhwc else "contiguous (NCHW)"
+    assert f"layout {wanted}" in prec.describe(trainer)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_tf32_follows_its_setting_and_is_stated(make_cfg, tf32):
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        cfg = make_cfg(*ON_CUDA, "precision=32-true", f"precision.tf32={str(tf32).lower()}")
+        prec = build.precision(cfg)
+        trainer = build.trainer(cfg, prec, [], [])
+        assert torch.backends.cudnn.allow_tf32 is tf32
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32
+        line = prec.describe(trainer)
+        if torch.cuda.get_device_capability()[0] >= 8:
+            assert ("TF32 on" if tf32 else "TF32 off (strict") in line
+        else:
+            assert "TF32 n/a" in line
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _peak_step_mb(setting: dict, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Device memory a training step adds at its peak over what was allocated before it."""
+    torch.manual_seed(0)
+    net = ResNet18(**setting).cuda().to(memory_format=torch.channels_last).train()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+    loss.backward()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - start) / 2**20
+    del net, loss
+    torch.cuda.empty_cache()
+    return peak
+
+
+def test_activation_checkpointing_lowers_peak_cuda_memory():
+    x = torch.randn(512, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (512,), device="cuda")
+    _peak_step_mb({}, x, y)  # warm-up: cuDNN handles, autocast kernels
+    plain = _peak_step_mb({}, x, y)
+    stages = _peak_step_mb({"checkpoint_stages": [0, 1]}, x, y)
+    every = _peak_step_mb({"activation_checkpointing": 1}, x, y)
+    late = _peak_step_mb({"checkpoint_stages": [3]}, x, y)
+    # Traced on fake tensors (bench/memory.py), the two settings keep about 0.45x of the
+    # activation memory; workspaces and gradients add to both sides on a real device.
+    assert stages < 0.7 * plain and every < 0.7 * plain, (plain, stages, every)
+    # The high-resolution stages are the ones that pay: the last one alone saves little.
+    assert stages < 0.85 * plain < late <= 1.05 * plain, (plain, stages, late)
