@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 from torch.amp import GradScaler
+from torch.optim import Optimizer
 
 # The base of BatchNorm1d/2d/3d, SyncBatchNorm and the lazy variants: the one type that means
 # "has BatchNorm running statistics". No public base class exists.
@@ -34,3 +35,10 @@ def scale_tensor(scaler: GradScaler) -> Tensor | None:
     """The GradScaler's scale as the device tensor it keeps (None before its first use).
     `GradScaler.get_scale()` returns a Python float, which is a device sync per call."""
     return scaler._scale
+
+
+def optimizer_unscales(optimizer: Optimizer) -> bool:
+    """Whether the optimizer unscales the gradients inside its own step (the fused Adam, AdamW
+    and SGD): GradScaler then passes it the scale and the inf flag on the device instead of
+    reading the flag on the host, and Lightning skips its `unscale_` (so it cannot clip)."""
+    return getattr(optimizer, "_step_supports_amp_scaling", False)
