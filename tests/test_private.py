@@ -36,3 +36,20 @@ def test_batchnorm_base_covers_every_batchnorm_and_nothing_else():
         assert isinstance(bn, private.BatchNorm) and hasattr(bn, "running_mean")
     for other in (nn.LayerNorm(2), nn.GroupNorm(1, 2), nn.InstanceNorm2d(2)):
         assert not isinstance(other, private.BatchNorm)
+
+
+def test_fused_optimizers_say_they_unscale_and_the_scaler_then_reads_nothing():
+    p = nn.Parameter(torch.ones(3))
+    assert private.optimizer_unscales(torch.optim.SGD([p], lr=0.1, fused=True))
+    assert not private.optimizer_unscales(torch.optim.SGD([p], lr=0.1))
+    # GradScaler.step hands a fused optimizer the inf flag instead of reading it (.item()).
+    scaler, opt = torch.amp.GradScaler("cpu"), torch.optim.SGD([p], lr=0.1, fused=True)
+    scaler.scale(p.sum()).backward()
+    seen = []
+    original = torch.Tensor.item
+    torch.Tensor.item = lambda t: seen.append(t) or original(t)
+    try:
+        scaler.step(opt)
+    finally:
+        torch.Tensor.item = original
+    assert not seen and p.grad is not None
