@@ -3,6 +3,8 @@
     python -m bench.framework                      # CPU, SpeedNet at a small width
     python -m bench.framework --device cuda --n-images 50000 --batch-size 1024 \
         --widths 64,256,256 --precision bf16-mixed --channels-last --fused --compile
+    python -m bench.framework --device cuda --n-images 50000 --batch-size 512 --model resnet18 \
+        --precision 16-mixed --channels-last --fused [--compile]
     python -m bench.framework --widths 4,4,4 --batch-size 8 --n-images 1024   # host overhead
 
 Both loops train the same network (same initial weights) on the same device-resident
@@ -85,8 +87,11 @@ def make_module(args) -> ImageClassifier:
     # The module's own optimizer and schedule (its constructor's defaults), at `--lr`.
     defaults = inspect.signature(ImageClassifier).parameters
     torch.manual_seed(args.seed)
+    net = {"_target_": "cifar_amp.models.ResNet18"}
+    if args.model == "speednet":
+        net = {"_target_": "cifar_amp.models.SpeedNet", "widths": args.widths}
     return ImageClassifier(
-        net={"_target_": "cifar_amp.models.SpeedNet", "widths": args.widths},
+        net=net,
         num_classes=10,
         optimizer=functools.partial(
             defaults["optimizer"].default, lr=args.lr, fused=args.fused or None
@@ -143,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--n-images", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--model", default="speednet", choices=["speednet", "resnet18"])
     ap.add_argument("--widths", default="16,32,64", help="SpeedNet widths, comma-separated")
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per loop, alternating")
@@ -179,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
         "device": device_name,
         "threads": torch.get_num_threads(),
         "images_per_epoch": len(loader) * args.batch_size,
-        "widths": args.widths,
+        "model": args.model,
+        "widths": args.widths if args.model == "speednet" else None,
         "batch_size": args.batch_size,
         "precision": args.precision,
         "channels_last": args.channels_last,
