@@ -74,8 +74,9 @@ def _describe(what: str, stack: list[traceback.FrameSummary]) -> str:
 
 
 class _PythonReads(TorchFunctionMode):
-    """Reads that do not reach the dispatcher on CPU: tolist/numpy/cpu/to("cpu"), and host data
-    placed on the training device (`torch.tensor(..., device=...)`: a blocking copy on CUDA)."""
+    """Reads that do not reach the dispatcher on CPU (`tolist`, `numpy`, `cpu`), and tensors
+    made from host data in a step (`torch.tensor`, `as_tensor`, `from_numpy`): on CUDA those
+    are placed on the device by a blocking copy."""
 
     def __init__(self, found: list) -> None:
         super().__init__()
@@ -167,11 +168,7 @@ def unexplained(found: list) -> list[str]:
 
 
 def _watch(make_cfg, monkeypatch, *overrides, cuda: bool = False) -> SyncWatch:
-    cfg = make_cfg(
-        "callbacks.step_checkpoint.every_n_train_steps=1000",  # a write is not a step
-        "test=false",
-        *overrides,
-    )
+    cfg = make_cfg("test=false", *overrides)  # (step checkpoints: every 500 steps)
     watch = SyncWatch(cuda=cuda)
     built = build.callbacks
     monkeypatch.setattr(build, "callbacks", lambda c: [*built(c), watch])
