@@ -2,15 +2,22 @@
 
     python -m bench.framework                      # CPU, SpeedNet at a small width
     python -m bench.framework --device cuda --n-images 50000 --batch-size 1024 \
-        --widths 64,256,256 --precision bf16-mixed --channels-last --compile
+        --widths 64,256,256 --precision bf16-mixed --channels-last --fused --compile
+    python -m bench.framework --device cuda --n-images 50000 --batch-size 512 --model resnet18 \
+        --precision 16-mixed --channels-last --fused [--compile]
+    python -m bench.framework --widths 4,4,4 --batch-size 8 --n-images 1024   # host overhead
 
 Both loops train the same network (same initial weights) on the same device-resident
 random-pixel images of CIFAR shape (the speed of a loop does not depend on the pixels), with
 the same augmentation, precision, optimizer, schedule and label smoothing as the speedrun
-recipe. Runs alternate (plain, Lightning, plain, ...) so that a busy shared machine slows both
-alike; the report gives images/s per loop (median over repeats), Lightning's seconds per epoch
-and the ratio Lightning / plain. Lightning runs as the recipe runs it, minus checkpointing and
-logging (they are per-epoch file writes, not loop cost): no progress bar, no sanity check.
+recipe (`--fused`: both with the fused SGD; `--compile`: both networks compiled, in
+`--compile-mode`). Runs alternate (plain, Lightning, plain, ...) so that a busy shared machine
+slows both alike; the report gives images/s per loop (median over repeats), Lightning's seconds
+per epoch, the ratio Lightning / plain, and milliseconds per step of each loop and their
+difference: with a tiny network (`--widths 4,4,4 --batch-size 8`) the step is almost all host
+work, as it is on a GPU, so the difference is Lightning's host overhead per step. Lightning
+runs as the recipe runs it, minus checkpointing and logging (they are per-epoch file writes,
+not loop cost): no progress bar, no sanity check.
 """
 
 from __future__ import annotations
@@ -80,14 +87,20 @@ def make_module(args) -> ImageClassifier:
     # The module's own optimizer and schedule (its constructor's defaults), at `--lr`.
     defaults = inspect.signature(ImageClassifier).parameters
     torch.manual_seed(args.seed)
+    net = {"_target_": "cifar_amp.models.ResNet18"}
+    if args.model == "speednet":
+        net = {"_target_": "cifar_amp.models.SpeedNet", "widths": args.widths}
     return ImageClassifier(
-        net={"_target_": "cifar_amp.models.SpeedNet", "widths": args.widths},
+        net=net,
         num_classes=10,
-        optimizer=functools.partial(defaults["optimizer"].default, lr=args.lr),
+        optimizer=functools.partial(
+            defaults["optimizer"].default, lr=args.lr, fused=args.fused or None
+        ),
         scheduler=functools.partial(defaults["scheduler"].default, max_lr=args.lr),
         label_smoothing=args.label_smoothing,
         channels_last=args.channels_last,
         compile=args.compile,
+        compile_mode=args.compile_mode,
     )
 
 
@@ -115,7 +128,7 @@ def run_lightning(
 def run_plain(module: ImageClassifier, loader: DeviceBatches, args, device: torch.device) -> float:
     net = module.net.to(device)
     if args.compile:
-        net.compile()
+        net.compile(mode=args.compile_mode)
     optimizer = module.optimizer_factory(params=net.parameters())
     run = SimpleNamespace(estimated_stepping_batches=args.epochs * len(loader))
     scheduler = schedules.build(module.scheduler_factory, optimizer, run)  # as the module does
@@ -135,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--n-images", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--model", default="speednet", choices=["speednet", "resnet18"])
     ap.add_argument("--widths", default="16,32,64", help="SpeedNet widths, comma-separated")
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per loop, alternating")
@@ -144,7 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lr", type=float, default=0.2)
     ap.add_argument("--label-smoothing", type=float, default=0.2)
     ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--fused", action="store_true", help="fused SGD in both loops")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--compile-mode", default="default", help="torch.compile mode")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.widths = [int(w) for w in args.widths.split(",")]
@@ -162,20 +178,26 @@ def main(argv: list[str] | None = None) -> dict:
                 times[name].append(seconds)
     images = args.epochs * len(loader) * args.batch_size
     rate = {k: images / statistics.median(v) for k, v in times.items()}
+    steps = args.epochs * len(loader)
+    ms = {k: statistics.median(v) / steps for k, v in times.items()}
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {
         "device": device_name,
         "threads": torch.get_num_threads(),
         "images_per_epoch": len(loader) * args.batch_size,
-        "widths": args.widths,
+        "model": args.model,
+        "widths": args.widths if args.model == "speednet" else None,
         "batch_size": args.batch_size,
         "precision": args.precision,
         "channels_last": args.channels_last,
-        "compile": args.compile,
+        "fused": args.fused,
+        "compile": args.compile and args.compile_mode,
         "plain_images_per_s": round(rate["plain"], 1),
         "lightning_images_per_s": round(rate["lightning"], 1),
         "lightning_s_per_epoch": round(statistics.median(times["lightning"]) / args.epochs, 4),
         "ratio_lightning_over_plain": round(rate["lightning"] / rate["plain"], 3),
+        "ms_per_step": {k: round(1e3 * v, 3) for k, v in ms.items()},
+        "lightning_extra_ms_per_step": round(1e3 * (ms["lightning"] - ms["plain"]), 3),
         "runs_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
     }
     print(json.dumps(report, indent=2))

@@ -30,6 +30,15 @@ CONFIG_CASES = [
         ["trainer.strategy=ddp"],
         "trainer.strategy=ddp with trainer.devices=1 on CPU is a single process",
     ),
+    (["module.compile_mode=fast"], "module.compile_mode: 'fast'; valid: default, reduce-overhead"),
+    (
+        ["precision=16-mixed", "module.optimizer.fused=true", "trainer.gradient_clip_val=1"],
+        "trainer.gradient_clip_val=1 with module.optimizer.fused=true under precision=16-mixed",
+    ),
+    (
+        ["precision=bf16-mixed", "module.optimizer.fused=true", "trainer.gradient_clip_val=1"],
+        "cannot be clipped before it; drop one of the two (32-true clips with it)",
+    ),
 ]
 
 

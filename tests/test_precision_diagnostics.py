@@ -110,3 +110,28 @@ def test_true_half_precision_parameters_are_counted(make_cfg, caplog):
     text = fit_start_log(make_cfg, caplog, "bf16-true")
     assert "Parameter dtypes: bfloat16: 8 tensors" in text
     assert "Conv2d -> bfloat16" in text
+
+
+def test_fused_optimizer_under_16_mixed_reports_the_unscaled_norm(make_cfg, tmp_path):
+    """A fused optimizer unscales inside its step, so the hook sees scaled gradients; the
+    reported norm must still be the unscaled one (same first step as a plain optimizer)."""
+    norms = []
+    for fused in ("null", "true"):
+        run = tmp_path / fused
+        train(
+            make_cfg(
+                "callbacks=none",
+                DIAG,
+                "test=false",
+                "module.scheduler=null",
+                "precision=16-mixed",
+                "precision.scaler.init_scale=1024",
+                f"module.optimizer.fused={fused}",
+                "trainer.limit_train_batches=1",
+                f"run_dir={run}",
+            )
+        )
+        out = json.loads((run / "metrics.json").read_text())
+        assert out[metrics.SKIPPED_STEPS] == 0 and out[metrics.SCALE] == 1024
+        norms.append(out[metrics.GRAD_NORM])
+    assert math.isclose(norms[0], norms[1], rel_tol=1e-4), norms

@@ -63,3 +63,20 @@ def test_flat_params_are_the_keys_mlflow_logger_logs(monkeypatch):
     flat = private.flat_params(params)
     assert {k: str(v) for k, v in flat.items()} == logged
     assert set(flat) == {"a/b", "a/c/0/d", "f", "g"}
+
+
+def test_fused_optimizers_say_they_unscale_and_the_scaler_then_reads_nothing():
+    p = nn.Parameter(torch.ones(3))
+    assert private.optimizer_unscales(torch.optim.SGD([p], lr=0.1, fused=True))
+    assert not private.optimizer_unscales(torch.optim.SGD([p], lr=0.1))
+    # GradScaler.step hands a fused optimizer the inf flag instead of reading it (.item()).
+    scaler, opt = torch.amp.GradScaler("cpu"), torch.optim.SGD([p], lr=0.1, fused=True)
+    scaler.scale(p.sum()).backward()
+    seen = []
+    original = torch.Tensor.item
+    torch.Tensor.item = lambda t: seen.append(t) or original(t)
+    try:
+        scaler.step(opt)
+    finally:
+        torch.Tensor.item = original
+    assert not seen and p.grad is not None

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from cifar_amp import metrics, tta
-from cifar_amp.callbacks import PatchWhitening
+from cifar_amp.callbacks import EMA, PatchWhitening, timing
 from cifar_amp.callbacks.whitening import patches
 from cifar_amp.data import Augment as AugmentConfig
 from cifar_amp.data import augment
@@ -22,7 +22,7 @@ from cifar_amp.data.device_batches import DeviceBatches
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
-from conftest import compose_cfg
+from conftest import compose_cfg, requires_cuda
 
 
 def correlated_images(n: int = 64, seed: int = 0) -> torch.Tensor:
@@ -179,6 +179,73 @@ def test_ema_callback_of_the_recipe_matches_a_hand_computation(tmp_path):
     assert not torch.equal(toy.trace[-1][0], expected[0])  # and it is not just the last weights
 
 
+class ToyBN(L.LightningModule):
+    """A net with BatchNorm: float buffers and an integer one (the batch counter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+
+    def training_step(self, batch, i):
+        return (self.net(batch[0]) - batch[1]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("use_buffers", [True, False])
+def test_ema_keeps_lightnings_averages_and_checkpoint(tmp_path, use_buffers):
+    """callbacks.EMA is Lightning's EMAWeightAveraging with another update: same averages,
+    same checkpoint keys, so either resumes the other's checkpoints."""
+    kw = dict(decay=0.8, update_starting_at_step=3, use_buffers=use_buffers)
+    runs = {}
+    for name, cls in (("ours", EMA), ("lightning", L.pytorch.callbacks.EMAWeightAveraging)):
+        torch.manual_seed(0)
+        data = [(torch.randn(8, 2), torch.randn(8, 1)) for _ in range(10)]
+        toy = ToyBN()
+        trainer = L.Trainer(
+            max_epochs=2,
+            callbacks=[cls(**kw)],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(toy, DataLoader(data, batch_size=None))
+        trainer.save_checkpoint(tmp_path / f"{name}.ckpt")
+        runs[name] = torch.load(tmp_path / f"{name}.ckpt", weights_only=False)
+    ours, theirs = runs["ours"], runs["lightning"]
+    assert ours["callbacks"].keys() == theirs["callbacks"].keys()
+    assert ours["averaging_state"]["n_averaged"] == theirs["averaging_state"]["n_averaged"] > 0
+    for key in ("state_dict", "current_model_state"):
+        assert ours[key].keys() == theirs[key].keys()
+        for k, v in ours[key].items():
+            if v.is_floating_point():  # (the batch counter is copied, not averaged)
+                torch.testing.assert_close(v, theirs[key][k], msg=f"{key} {k}")
+
+
+def test_train_timer_counts_warmup_at_the_later_steps_pace(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    timer = timing.TrainTimer()
+    trainer = type("T", (), {"sanity_checking": False})()
+    module = type("M", (), {"device": torch.device("cpu")})()
+    timer.on_train_start(trainer, module)
+    timer.on_train_epoch_start(trainer, module)
+    for step in range(8):  # 3 warm-up steps of 10 s, then 5 of 1 s; validation after step 5
+        timer.on_train_batch_start(trainer, module, None, step)
+        now[0] += 10 if step < timing.WARMUP_STEPS else 1
+        timer.on_train_batch_end(trainer, module, None, None, step)
+        if step == 5:
+            timer.on_validation_start(trainer, module)
+            now[0] += 100  # not training time
+    timer.on_train_epoch_end(trainer, module)
+    assert timer.train_seconds == 8.0  # 5 s + 3 warm-up steps at 1 s
+    assert timer.warmup_excess_seconds == 27.0
+
+
 def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
     cfg = compose_cfg(
         "train",
@@ -206,3 +273,40 @@ def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
     stem = ckpt["state_dict"]["net.stem.weight"]
     # Whitened at fit start ([W, -W] pairs) and frozen: training kept the pairs exact.
     assert torch.equal(stem[12:], -stem[:12])
+
+
+GPU_RECIPE = ("experiment=speedrun_gpu", "model.widths=[8,16,16]", "data.batch_size=32")
+
+
+def test_speedrun_gpu_recipe_trains_on_cpu_shrunk(make_cfg, tmp_path):
+    """The GPU recipe composes and runs anywhere: no validation, last.ckpt (the EMA weights,
+    written by a background thread) is tested, timings in metrics.json."""
+    result = train(make_cfg(*GPU_RECIPE, "module.compile=false", "trainer.max_epochs=2"))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert result["tested_ckpt"] == str(last) and result[metrics.VAL_ACC_BEST] is None
+    assert not list(tmp_path.glob("checkpoints/best-*.ckpt"))
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] == 1 and result[metrics.EPOCHS] == 2  # written at the end of the last
+    assert "current_model_state" in ckpt  # the EMA average is the state_dict
+    assert 0 < result[metrics.TRAIN_SECONDS] < result[metrics.FIT_SECONDS]
+    assert metrics.COMPILE_SECONDS not in result  # compile off
+    assert json.loads((tmp_path / "metrics.json").read_text()) == result
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_speedrun_gpu_recipe_trains_compiled_on_a_gpu(make_cfg, tmp_path, mode):
+    result = train(
+        make_cfg(
+            *GPU_RECIPE,
+            "trainer=gpu",
+            "trainer.max_epochs=2",
+            f"module.compile_mode={mode}",
+            "callbacks.ema.update_starting_at_step=2",
+        )
+    )
+    assert result[metrics.COMPILE_SECONDS] is not None and result[metrics.TRAIN_SECONDS] > 0
+    assert 0.0 <= result[metrics.TEST_ACC] <= 1.0 and result["epochs"] == 2
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())

@@ -27,8 +27,20 @@ FIT_SUMMARY = (SCALE, SKIPPED_STEPS, GRAD_NORM, CLIP_FRACTION, PEAK_MEMORY_MB, I
 
 # Keys of metrics.json besides the logged metrics above.
 EPOCHS = "epochs"
-FIT_SECONDS = "fit_seconds"
+FIT_SECONDS = "fit_seconds"  # wall time of trainer.fit: set-up, training, validation, checkpoints
+# Wall time of the training loop alone (callbacks/timing.py, TrainTimer): every training batch
+# of the fit with its data and hooks, from each epoch's start to the end of its last batch; not
+# validation, nor the logging and checkpoint writes after an epoch's last batch. The first
+# timing.WARMUP_STEPS (3) batches, which compile and autotune, count at the mean time of the
+# later batches. On CUDA the clock waits for the GPU at each start and stop.
+TRAIN_SECONDS = "train_seconds"
+# With module.compile only: what those first batches took beyond that mean (the compilation
+# of the training step, autotuning, CUDA-graph capture; not the compilation that validation
+# and test trigger later). null if the fit had no batch after them.
+COMPILE_SECONDS = "compile_seconds"
 PRECISION = "precision"
+# The keys that differ from run to run of the same config.
+TIMES = (FIT_SECONDS, TRAIN_SECONDS, COMPILE_SECONDS)
 
 BY_NAME = {k.lower(): v for k, v in globals().items() if k.isupper() and isinstance(v, str)}
 

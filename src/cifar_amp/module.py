@@ -19,6 +19,7 @@ from cifar_amp import schedules
 from cifar_amp import tta as TTA
 from cifar_amp.errors import InvalidArgument, NestedBuildError
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 NAMES = {
     "train": (M.TRAIN_LOSS, M.TRAIN_ACC),
     "val": (M.VAL_LOSS, M.VAL_ACC),
@@ -29,8 +30,10 @@ NAMES = {
 class ImageClassifier(LightningModule):
     """Cross-entropy classification with the network that `net` (`_target_` + arguments) builds.
 
-    Metrics are torchmetrics objects logged with ``on_step=False``: they accumulate on the
-    device and are computed (one host sync) at epoch end, never per step.
+    Metrics are torchmetrics objects that a step only `update()`s on the device; they are
+    logged (computed, one host read) in the epoch-end hooks. Calling a metric (`forward`) or
+    `self.log`-ging it in a step would also compute a per-batch value and walk Lightning's
+    result collection at every step: host work the GPU waits for (docs/benchmarks-gpu.md).
     """
 
     def __init__(
@@ -39,8 +42,11 @@ class ImageClassifier(LightningModule):
         num_classes: int,
         # Partials: the module adds `params` (and, for OneCycleLR, `optimizer`, `total_steps`
         # and `max_lr` = the optimizer's lr). Set `scheduler` to null for a constant rate.
+        # `optimizer.fused=true`: one kernel per step, and under 16-mixed the GradScaler skips
+        # a step without reading its inf check on the host; it cannot be combined with
+        # clipping under 16-mixed/bf16-mixed (reliability/preflight.py). null = torch's choice.
         optimizer: Callable[..., torch.optim.Optimizer] = functools.partial(
-            torch.optim.SGD, lr=0.2, momentum=0.9, nesterov=True, weight_decay=5e-4
+            torch.optim.SGD, lr=0.2, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=None
         ),
         scheduler: Optional[Callable[..., Any]] = functools.partial(
             torch.optim.lr_scheduler.OneCycleLR, pct_start=0.25, anneal_strategy="linear"
@@ -48,6 +54,9 @@ class ImageClassifier(LightningModule):
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)
         compile: bool = False,  # torch.compile the network
+        # torch.compile's mode when `compile`: default | reduce-overhead (CUDA graphs: the
+        # least host work per step) | max-autotune | max-autotune-no-cudagraphs
+        compile_mode: str = "default",
         # Test-time augmentation in test (and in validation if `tta_val`): none | flip |
         # flip_shift (flips plus +-`tta_shift`-pixel shifts); views and weights in tta.py.
         tta: str = "none",
@@ -61,6 +70,10 @@ class ImageClassifier(LightningModule):
             raise InvalidArgument("label_smoothing", label_smoothing, "must be in [0, 1)")
         if tta not in TTA.MODES:
             raise InvalidArgument("tta", repr(tta), f"valid: {', '.join(TTA.MODES)}")
+        if compile_mode not in COMPILE_MODES:
+            raise InvalidArgument(
+                "compile_mode", repr(compile_mode), f"valid: {', '.join(COMPILE_MODES)}"
+            )
         if not 1 <= tta_shift <= 8:
             raise InvalidArgument("tta_shift", tta_shift, "must be in [1, 8]")
         # From the config, `_target_` nodes (built here, so `net` stays a config; see build.py).
@@ -80,7 +93,7 @@ class ImageClassifier(LightningModule):
             raise NestedBuildError("model", e) from e
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.label_smoothing = label_smoothing
-        self.compile = compile
+        self.compile, self.compile_mode = compile, compile_mode
         self.tta, self.tta_shift, self.tta_val = tta, tta_shift, tta_val
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
@@ -102,7 +115,7 @@ class ImageClassifier(LightningModule):
     def configure_model(self) -> None:
         # In place (nn.Module.compile), so state-dict keys are the same compiled or not.
         if self.compile:
-            self.net.compile()
+            self.net.compile(mode=self.compile_mode)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -115,15 +128,17 @@ class ImageClassifier(LightningModule):
             logits = self(x)
         smoothing = self.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
-        loss_metric, acc_metric = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
         # One value per sample, so the epoch value is a per-sample mean whatever the batch
         # sizes (and ranks); `weight=` would be dropped by torchmetrics under nan_strategy="disable".
-        loss_metric(loss.detach().expand(len(y)))
-        acc_metric(logits.detach(), y)
-        loss_name, acc_name = NAMES[stage]
-        self.log(loss_name, loss_metric, on_step=False, on_epoch=True, prog_bar=stage != "train")
-        self.log(acc_name, acc_metric, on_step=False, on_epoch=True, prog_bar=True)
+        getattr(self, f"{stage}_loss").update(loss.detach().expand(len(y)))
+        getattr(self, f"{stage}_acc").update(logits.detach(), y)
         return loss
+
+    def _log_epoch(self, stage: str) -> None:
+        # Lightning computes the logged metric objects (synced across ranks) and resets them.
+        loss_name, acc_name = NAMES[stage]
+        self.log(loss_name, getattr(self, f"{stage}_loss"), prog_bar=stage != "train")
+        self.log(acc_name, getattr(self, f"{stage}_acc"), prog_bar=True)
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         return self._step(batch, "train")
@@ -134,17 +149,24 @@ class ImageClassifier(LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "test")
 
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+        if self.trainer.sanity_checking:
+            return
+        self.val_acc_best(self.val_acc.compute())
+        self.log(M.VAL_ACC_BEST, self.val_acc_best.compute(), sync_dist=False)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
     def predict_step(self, batch, batch_idx: int) -> Tensor:
         """Class probabilities (N, num_classes), float32, of images normalised as in training
         (a batch, or a tuple whose first item is one), with the test-time augmentation of test."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return TTA.predict(self, x, self.tta, self.tta_shift).float().softmax(-1)
-
-    def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking:
-            return
-        self.val_acc_best(self.val_acc.compute())
-        self.log(M.VAL_ACC_BEST, self.val_acc_best.compute(), sync_dist=False)
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(params=self.parameters())

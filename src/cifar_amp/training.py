@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import build, finetune, hydra_ddp, metrics, tracking
+from cifar_amp.callbacks import TrainTimer
 from cifar_amp.reliability import preflight, run_dirs, run_settings, signals
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # Everything is built (and so range-checked) before the run dir is touched.
     prec = build.precision(cfg)
     preflight.check_hardware(cfg)
+    preflight.check_fused_clipping(cfg, prec)
     layout = prec.channels_last(build.device_type(cfg))
     dm = build.datamodule(cfg, channels_last=layout)
     # A DataModule of yours need not have `meta`; predict then refuses its checkpoints.
@@ -50,17 +52,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
     resumed = tracking.resume_kwargs(cfg)  # continue the checkpoint's MLflow / W&B runs
     callbacks, loggers = build.callbacks(cfg), build.loggers(cfg, resumed)
-    callbacks += [run_settings.RecordRunSettings(settings), tracking.RecordTrackerRuns()]
+    timer = TrainTimer()
+    callbacks += [run_settings.RecordRunSettings(settings), tracking.RecordTrackerRuns(), timer]
     with run_dirs.claim(cfg.run_dir, cfg.ckpt_path), tracking.finishing(loggers):
         save_resolved_config(cfg, cfg.run_dir)
         if cfg.ckpt_path:
             rank_zero_only(preflight.keep_previous_logs)(cfg.run_dir)
         trainer = build.trainer(cfg, prec, callbacks, loggers)
         tracking.log_config(trainer.loggers, cfg, resumed)
-        return _fit_and_test(cfg, prec, trainer, module, dm)
+        return _fit_and_test(cfg, prec, trainer, module, dm, timer)
 
 
-def _fit_and_test(cfg: DictConfig, prec, trainer: L.Trainer, module, dm) -> dict[str, Any]:
+def _fit_and_test(
+    cfg: DictConfig, prec, trainer: L.Trainer, module, dm, timer: TrainTimer
+) -> dict[str, Any]:
 
     start = time.perf_counter()
     try:
@@ -74,9 +79,13 @@ def _fit_and_test(cfg: DictConfig, prec, trainer: L.Trainer, module, dm) -> dict
         metrics.PRECISION: prec.name,
         metrics.EPOCHS: trainer.current_epoch,
         metrics.FIT_SECONDS: round(fit_seconds, 3),
+        metrics.TRAIN_SECONDS: round(timer.train_seconds, 3),
         metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST),
         **{k: fitted[k] for k in metrics.FIT_SUMMARY if k in fitted},
     }
+    if module.compile:
+        excess = timer.warmup_excess_seconds
+        result[metrics.COMPILE_SECONDS] = None if excess is None else round(excess, 3)
     if cfg.test:
         ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
         if not ckpt:

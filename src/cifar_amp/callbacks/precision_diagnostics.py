@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import resource
 import sys
-import time
 from collections import Counter, defaultdict
 
 import torch
@@ -19,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from cifar_amp import metrics as M
+from cifar_amp.callbacks.timing import Stopwatch
 from cifar_amp.precision import describe_plugin
 from cifar_amp.reliability import private
 
@@ -40,15 +40,16 @@ class PrecisionDiagnostics(Callback):
     IMAGES_PER_SEC once per training epoch.
 
     Throughput is measured here rather than with Lightning's ThroughputMonitor because that
-    calls `torch.cuda.synchronize()` after every batch; this syncs only when validation
-    starts/ends and at epoch end. It counts the training loop only (validation excluded).
+    calls `torch.cuda.synchronize()` after every batch; this syncs only when an epoch starts
+    and ends and when validation starts (callbacks/timing.py). It counts the training loop
+    only (validation, and the checkpoints written after it, excluded).
     """
 
     def __init__(self, probe_images: int = 8) -> None:
         self.probe_images = probe_images  # images in the fit-start autocast probe; 0 = no probe
         self._skipped: Tensor | None = None  # since fit start
         self._scale_before: Tensor | None = None
-        self._t0: float | None = None  # running clock of the training loop, None when paused
+        self._clock = Stopwatch()  # the epoch's training loop
         self._probe_pending = False
 
     # -- fit start: one line per fact ----------------------------------------------
@@ -79,6 +80,8 @@ class PrecisionDiagnostics(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
     ) -> None:
+        if not self._clock.running:  # training goes on after a validation mid-epoch
+            self._clock.start(pl_module.device)
         # Probe on the first real batch: iterating the training loader ourselves would move
         # its position (part of the checkpoint) and break an exact resume.
         if self._probe_pending:
@@ -99,11 +102,16 @@ class PrecisionDiagnostics(Callback):
         handles = [m.register_forward_hook(hook) for m in leaves]
         x = trainer.precision_plugin.convert_input(x)
         # Eval mode + no_grad: the probe must not move BatchNorm statistics or build a graph;
-        # neither changes which dtype autocast picks for an op.
+        # neither changes which dtype autocast picks for an op. Eager, so that a compiled
+        # network is not compiled once more for the probe's batch.
         was_training = pl_module.training
         pl_module.eval()
         try:
-            with torch.no_grad(), trainer.precision_plugin.forward_context():
+            with (
+                torch.no_grad(),
+                torch.compiler.set_stance("force_eager"),
+                trainer.precision_plugin.forward_context(),
+            ):
                 pl_module(x)
         finally:
             pl_module.train(was_training)
@@ -124,24 +132,11 @@ class PrecisionDiagnostics(Callback):
             zero.clone(),
         )
         self._steps = self._images = 0  # host counters: known without asking the device
-        self._train_seconds = 0.0
         self._cuda = pl_module.device.type == "cuda"
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(pl_module.device)
-        self._start_clock(pl_module)
-
-    def _start_clock(self, pl_module: LightningModule) -> None:
-        if self._cuda:
-            torch.cuda.synchronize(pl_module.device)
-        self._t0 = time.perf_counter()
-
-    def _stop_clock(self, pl_module: LightningModule) -> None:
-        if self._t0 is None:
-            return
-        if self._cuda:
-            torch.cuda.synchronize(pl_module.device)
-        self._train_seconds += time.perf_counter() - self._t0
-        self._t0 = None
+        self._clock = Stopwatch()
+        self._clock.start(pl_module.device)
 
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer
@@ -157,6 +152,11 @@ class PrecisionDiagnostics(Callback):
             return
         self._steps += 1
         norm = torch.nn.utils.get_total_norm(grads, 2.0).float()
+        scaler = _scaler(trainer)
+        if scaler is not None and private.optimizer_unscales(optimizer):
+            # A fused optimizer unscales inside its step, so these gradients are still scaled
+            # (and Lightning refuses clipping with it under 16-mixed: see preflight.py).
+            norm = norm / private.scale_tensor(scaler)
         finite = torch.isfinite(norm)
         safe = torch.where(finite, norm, 0.0)
         self._norm_sum += safe
@@ -169,7 +169,6 @@ class PrecisionDiagnostics(Callback):
             else:  # torch.nn.utils.clip_grad_norm_ rescales iff clip / (norm + 1e-6) < 1
                 changed = norm + 1e-6 > clip
             self._clipped += changed & finite
-        scaler = _scaler(trainer)
         if scaler is not None and private.scale_tensor(scaler) is not None:
             self._scale_before = private.scale_tensor(scaler).clone()
 
@@ -184,18 +183,14 @@ class PrecisionDiagnostics(Callback):
             )
             self._scale_before = None
 
-    # -- validation inside fit is not training time ------------------------------------
+    # -- validation (and the checkpoints after it) inside fit is not training time --------
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:
-            self._stop_clock(pl_module)
-
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._start_clock(pl_module)
+            self._clock.stop(pl_module.device)
 
     # -- once per epoch: read everything -------------------------------------------------
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._stop_clock(pl_module)
+        self._clock.stop(pl_module.device)
 
         def log(name: str, value) -> None:
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)
@@ -219,5 +214,5 @@ class PrecisionDiagnostics(Callback):
             else peak_rss_mb()
         )
         log(M.PEAK_MEMORY_MB, float(peak))
-        if self._train_seconds > 0:
-            log(M.IMAGES_PER_SEC, self._images / self._train_seconds)
+        if self._clock.seconds > 0:
+            log(M.IMAGES_PER_SEC, self._images / self._clock.seconds)

@@ -22,11 +22,13 @@ class StopOnNonFiniteLoss(Callback):
 
     The loss is counted, not the gradients: under 16-mixed the GradScaler skips steps with
     inf gradients on its own, which is normal; a loss that stays inf/NaN is not.
-    The count lives on the device and is read every `check_every` steps and before every
-    checkpoint write: a read is a host sync that stalls the GPU queue, so a per-step read
-    would cost throughput; the price is that a stop comes up to `check_every` steps late.
-    A checkpoint is never written from non-finite weights, so last.ckpt and the best
-    checkpoint stay the last good ones.
+    The count lives on the device. Every `check_every` steps it is copied to the host without
+    waiting (CUDA: into pinned memory, behind an event) and the copy is read at the next check,
+    when it has long arrived: the training step never waits for the GPU. The price is that a
+    stop comes up to 2 x `check_every` steps late on a GPU (`check_every` on CPU, where the copy
+    is immediate). Before every checkpoint write the count is read at once (waiting), and a
+    checkpoint is never written from non-finite weights, so last.ckpt and the best checkpoint
+    stay the last good ones.
     """
 
     def __init__(self, patience: int = 10, check_every: int = 25) -> None:
@@ -37,6 +39,7 @@ class StopOnNonFiniteLoss(Callback):
         self.patience, self.check_every = patience, check_every
         self._run: torch.Tensor | None = None  # consecutive non-finite losses
         self._first: torch.Tensor | None = None  # step of the first one since the last read, or -1
+        self._copy: _HostCopy | None = None  # (run, first) on its way to the host
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -49,11 +52,11 @@ class StopOnNonFiniteLoss(Callback):
         self._run = torch.where(bad, self._run + 1, 0)
         self._first = torch.where(bad & (self._first < 0), trainer.global_step, self._first)
         if trainer.global_step % self.check_every == 0:
-            self._check(trainer)
+            self._check(trainer, wait=False)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         # Runs before the file is written: raising here keeps the previous file.
-        self._check(trainer)
+        self._check(trainer, wait=True)
         # Buffers too: BatchNorm running statistics turn NaN before any weight does.
         tensors = [
             *pl_module.parameters(),
@@ -63,18 +66,30 @@ class StopOnNonFiniteLoss(Callback):
         if not finite:
             self._stop(trainer, f"the weights became non-finite by step {trainer.global_step}")
 
-    def _check(self, trainer) -> None:
+    def _check(self, trainer, wait: bool) -> None:
+        """Read the counts copied at the last check (unless still in flight), then copy the
+        current ones; `wait`: read the current ones now."""
         if self._run is None:
             return
-        run, first = (int(v) for v in torch.stack([self._run, self._first]).tolist())
+        if self._copy is not None:
+            if not (wait or self._copy.arrived()):
+                return  # the GPU is that far behind: look again at the next check
+            self._report(trainer, self._copy)
+        self._copy = _HostCopy(torch.stack([self._run, self._first]), trainer.global_step)
+        self._first.fill_(-1)  # queued after the copy: the next copy starts afresh
+        if wait or self._copy.event is None:
+            self._report(trainer, self._copy)
+
+    def _report(self, trainer, copy: _HostCopy) -> None:
+        self._copy = None
+        run, first = copy.values()
         if first < 0:
             return
-        self._first.fill_(-1)
         log.warning("non-finite training loss at step %d (%d consecutive so far)", first, run)
         if run >= self.patience:
             self._stop(
                 trainer,
-                f"the training loss was non-finite for {run} consecutive steps up to step {trainer.global_step}",
+                f"the training loss was non-finite for {run} consecutive steps up to step {copy.step}",
             )
 
     def _stop(self, trainer, what: str) -> None:
@@ -86,3 +101,24 @@ class StopOnNonFiniteLoss(Callback):
             f"{what}; stopped (callbacks.non_finite.patience={self.patience}); {kept}. "
             "Try a lower module.optimizer.lr, trainer.gradient_clip_val, or precision=32-true / bf16-mixed"
         )
+
+
+class _HostCopy:
+    """A small device tensor copied to the host without the host waiting for it (CUDA: pinned
+    memory, non-blocking copy, an event that says when it has arrived)."""
+
+    def __init__(self, tensor: torch.Tensor, step: int) -> None:
+        self.step = step
+        self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+        self.host.copy_(tensor, non_blocking=True)
+        self.event = torch.cuda.Event() if tensor.is_cuda else None
+        if self.event is not None:
+            self.event.record()
+
+    def arrived(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def values(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()  # at once when arrived(); a wait only before a checkpoint
+        return self.host.tolist()

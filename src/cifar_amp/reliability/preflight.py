@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from omegaconf import OmegaConf
 
 from cifar_amp.build import device_type
 from cifar_amp.errors import UserError
@@ -44,6 +45,20 @@ def check_hardware(cfg) -> None:
         raise UserError(
             f"trainer.strategy={t.strategy} with trainer.devices={t.devices} on CPU is a single process, so there is "
             "nothing to distribute; use trainer=ddp_cpu (2 processes), trainer.devices=N, or trainer.strategy=auto"
+        )
+
+
+def check_fused_clipping(cfg, prec) -> None:
+    """A fused optimizer unscales the gradients inside its own step, so under mixed precision
+    they cannot be clipped before it (Lightning's MixedPrecision would stop at the first step,
+    in bf16-mixed too)."""
+    clip = cfg.trainer.get("gradient_clip_val")
+    fused = OmegaConf.select(cfg, "module.optimizer.fused", default=None)
+    if clip and fused and prec.name in ("16-mixed", "bf16-mixed"):
+        raise UserError(
+            f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
+            f"precision={prec.name}: the fused optimizer unscales the gradients inside its step, "
+            "so they cannot be clipped before it; drop one of the two (32-true clips with it)"
         )
 
 

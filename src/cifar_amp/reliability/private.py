@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 from torch.amp import GradScaler
+from torch.optim import Optimizer
 
 # The base of BatchNorm1d/2d/3d, SyncBatchNorm and the lazy variants: the one type that means
 # "has BatchNorm running statistics". No public base class exists.
@@ -43,3 +44,10 @@ def flat_params(params: dict) -> dict:
     from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 
     return _flatten_dict(_convert_params(params))
+
+
+def optimizer_unscales(optimizer: Optimizer) -> bool:
+    """Whether the optimizer unscales the gradients inside its own step (the fused Adam, AdamW
+    and SGD): GradScaler then passes it the scale and the inf flag on the device instead of
+    reading the flag on the host, and Lightning skips its `unscale_` (so it cannot clip)."""
+    return getattr(optimizer, "_step_supports_amp_scaling", False)

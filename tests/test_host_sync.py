@@ -1,0 +1,251 @@
+"""No host-device synchronisation inside a training step.
+
+A host read of a device tensor (`.item()`, `bool(t)`, `.tolist()`, a boolean-mask index, ...)
+makes the host wait until the GPU has run everything queued: the GPU then idles while Python
+prepares the next step. The training step is meant to be free of them by design; these tests
+run real Lightning training steps of the composed config after warm-up and fail on any read
+that is not on the allow-list below, which names each remaining one and why.
+
+- CPU (default run): Python-level reads (TorchFunctionMode) and the aten ops that read device
+  data on the host under CUDA (TorchDispatchMode: `_local_scalar_dense`, `nonzero`, boolean
+  indexing, ...). It cannot see a sync made inside a CUDA kernel launcher that has no CPU
+  counterpart, nor a blocking host-to-device copy.
+- GPU (`-m gpu`): `torch.cuda.set_sync_debug_mode`, which sees every synchronising CUDA call
+  made by torch, C++ included; each one is reported with the Python line that caused it.
+"""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+
+import lightning as L
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cifar_amp import build
+from cifar_amp.callbacks.timing import WARMUP_STEPS
+from cifar_amp.training import train
+from conftest import requires_cuda
+
+WARMUP, STEPS = WARMUP_STEPS, 5  # steps before the window (one-off work), steps in it
+
+# (file suffix, function) of a frame on the reading call's stack -> why the read stays.
+ALLOWED = {
+    ("torch/amp/grad_scaler.py", "_maybe_opt_step"): (
+        "16-mixed with a non-fused optimizer: GradScaler reads found_inf to skip the step; "
+        "module.optimizer.fused=true moves the skip into the optimizer kernel (no read)"
+    ),
+    ("cifar_amp/reliability/nonfinite.py", "values"): (
+        "StopOnNonFiniteLoss reads its own host copy of the loss counts (on CUDA a pinned buffer "
+        "filled without waiting, read once its event says it has arrived)"
+    ),
+}
+
+# aten ops that read device data on the host under CUDA (or size their output by it).
+SYNCING_OPS = {
+    "aten::_local_scalar_dense",  # .item(), bool(t), float(t), int(t)
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::bincount",
+    "aten::equal",
+    "aten::unique_dim",
+    "aten::_unique2",
+    "aten::unique_consecutive",
+    "aten::repeat_interleave",
+}
+
+
+def _where() -> list[traceback.FrameSummary]:
+    mine = ("_where", "__torch_function__", "__torch_dispatch__", "_on_warning")
+    return [f for f in traceback.extract_stack() if f.name not in mine]
+
+
+def _allowed(stack: list[traceback.FrameSummary]) -> bool:
+    return any(f.filename.endswith(s) and f.name == fn for f in stack for s, fn in ALLOWED)
+
+
+def _describe(what: str, stack: list[traceback.FrameSummary]) -> str:
+    plumbing = ("/pytest", "pluggy", "/torch/_", "torch/utils/_", "torch/overrides.py")
+    frames = [f for f in stack if not any(p in f.filename for p in plumbing)]
+    return what + "\n" + "".join(traceback.format_list(frames[-8:]))
+
+
+class _PythonReads(TorchFunctionMode):
+    """Reads that do not reach the dispatcher on CPU (`tolist`, `numpy`, `cpu`), and tensors
+    made from host data in a step (`torch.tensor`, `as_tensor`, `from_numpy`): on CUDA those
+    are placed on the device by a blocking copy."""
+
+    def __init__(self, found: list) -> None:
+        super().__init__()
+        self.found = found
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        read = name in ("tolist", "numpy", "cpu", "tensor", "as_tensor", "from_numpy")
+        if read:
+            self.found.append((f"Tensor.{name}" if name != "tensor" else "torch.tensor", _where()))
+        return func(*args, **kwargs)
+
+
+class _AtenReads(TorchDispatchMode):
+    def __init__(self, found: list) -> None:
+        super().__init__()
+        self.found = found
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        bool_index = name in ("aten::index", "aten::index_put", "aten::index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or [])
+        )
+        if name in SYNCING_OPS or bool_index:
+            self.found.append((str(func) + (" (boolean mask)" if bool_index else ""), _where()))
+        return func(*args, **kwargs)
+
+
+class SyncWatch(L.Callback):
+    """Watches the training steps `warmup` .. `warmup + steps - 1` of the first epoch: from this
+    callback's on_train_batch_start of the first one to its on_train_batch_start after the last,
+    so the window holds whole steps (loader, hooks, forward, backward, optimizer, schedule)."""
+
+    def __init__(self, warmup: int = WARMUP, steps: int = STEPS, cuda: bool = False) -> None:
+        self.warmup, self.steps, self.cuda = warmup, steps, cuda
+        self.found: list = []
+        self.watched = 0
+        self._modes: list = []
+        self._warnings = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.current_epoch:
+            return
+        if batch_idx == self.warmup:
+            self._start()
+        elif batch_idx == self.warmup + self.steps:
+            self.watched = self.steps
+            self._stop()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._stop()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._stop()
+
+    def _start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self._warnings = warnings.catch_warnings()
+            self._warnings.__enter__()
+            warnings.simplefilter("always")
+            warnings.showwarning = self._on_warning  # restored by catch_warnings
+            torch.cuda.set_sync_debug_mode("warn")
+        else:
+            self._modes = [_PythonReads(self.found), _AtenReads(self.found)]
+            for m in self._modes:
+                m.__enter__()
+
+    def _on_warning(self, message, *args, **kwargs) -> None:
+        # torch turns the C++ warning into a Python one on return from the call, so the stack
+        # here is that of the Python line that made it.
+        if "synchroniz" in str(message):
+            self.found.append((str(message).splitlines()[0], _where()))
+
+    def _stop(self) -> None:
+        for m in reversed(self._modes):
+            m.__exit__(None, None, None)
+        self._modes = []
+        if self._warnings is not None:
+            torch.cuda.set_sync_debug_mode("default")
+            self._warnings.__exit__(None, None, None)
+            self._warnings = None
+
+
+def unexplained(found: list) -> list[str]:
+    return [_describe(what, stack) for what, stack in found if not _allowed(stack)]
+
+
+def _watch(make_cfg, monkeypatch, *overrides, cuda: bool = False) -> SyncWatch:
+    cfg = make_cfg("test=false", *overrides)  # (step checkpoints: every 500 steps)
+    watch = SyncWatch(cuda=cuda)
+    built = build.callbacks
+    monkeypatch.setattr(build, "callbacks", lambda c: [*built(c), watch])
+    train(cfg)
+    assert watch.watched == STEPS, "the run was too short to watch its steps"
+    return watch
+
+
+# EMA updates and non-finite checks at every step, so the window sees them.
+EVERY_STEP = ("callbacks.ema.update_starting_at_step=0", "callbacks.non_finite.check_every=1")
+SMALL_SPEEDRUN = ("model.widths=[8,8,8]", "data.batch_size=16", *EVERY_STEP)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (),
+        ("precision=16-mixed", "module.optimizer.fused=true"),
+        ("experiment=speedrun", *SMALL_SPEEDRUN),
+        ("experiment=speedrun_gpu", "module.compile=false", *SMALL_SPEEDRUN),
+    ],
+    ids=["default", "16-mixed-fused", "speedrun", "speedrun_gpu"],
+)
+def test_training_steps_read_nothing_on_the_host(make_cfg, monkeypatch, overrides):
+    watch = _watch(make_cfg, monkeypatch, "trainer.max_epochs=1", *overrides)
+    bad = unexplained(watch.found)
+    assert not bad, "host reads in training steps:\n" + "\n".join(bad)
+
+
+def test_the_watch_sees_a_read(make_cfg, monkeypatch):
+    """The test above can fail: a callback that reads the loss each step is caught."""
+    cfg = (
+        "+callbacks.reader._target_=test_host_sync.ReadLoss",
+        "trainer.max_epochs=1",
+    )
+    watch = _watch(make_cfg, monkeypatch, *cfg)
+    bad = unexplained(watch.found)
+    assert len(bad) == STEPS and all(
+        "float(outputs" in b and "_local_scalar_dense" in b for b in bad
+    )
+
+
+def test_lightning_ema_reads_the_host_at_each_update(make_cfg, monkeypatch):
+    """Why callbacks.EMA exists: Lightning's EMAWeightAveraging (through torch's AveragedModel)
+    reads the update count on the host twice per update. If this fails, it no longer does."""
+    lightning_ema = "callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging"
+    watch = _watch(make_cfg, monkeypatch, "experiment=speedrun", lightning_ema, *SMALL_SPEEDRUN)
+    bad = unexplained(watch.found)
+    assert len(bad) == 2 * STEPS and all("update_parameters" in b for b in bad)
+
+
+def test_16_mixed_with_a_plain_optimizer_reads_only_the_scaler(make_cfg, monkeypatch):
+    watch = _watch(make_cfg, monkeypatch, "trainer.max_epochs=1", "precision=16-mixed")
+    assert len(watch.found) == STEPS and not unexplained(watch.found)
+
+
+class ReadLoss(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        float(outputs["loss"])
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("precision=bf16-mixed",),
+        ("precision=16-mixed", "module.optimizer.fused=true"),
+        ("experiment=speedrun_gpu", "module.compile=false", *SMALL_SPEEDRUN),
+        ("experiment=speedrun_gpu", *SMALL_SPEEDRUN),
+        ("experiment=speedrun_gpu", "module.compile_mode=reduce-overhead", *SMALL_SPEEDRUN),
+    ],
+    ids=["bf16-mixed", "16-mixed-fused", "speedrun_gpu-eager", "speedrun_gpu", "reduce-overhead"],
+)
+def test_training_steps_make_no_cuda_sync(make_cfg, monkeypatch, overrides):
+    watch = _watch(
+        make_cfg, monkeypatch, "trainer=gpu", "trainer.max_epochs=1", *overrides, cuda=True
+    )
+    bad = unexplained(watch.found)
+    assert not bad, "CUDA syncs in training steps:\n" + "\n".join(bad)
