@@ -39,8 +39,7 @@ class CrashAt(L.Callback):
 
 class RecordTrainMetrics(L.Callback):
     """Writes the last training epoch's metrics (not in metrics.json) to
-    <run_dir>/train_metrics.json (the module logs them in its on_train_epoch_end, which runs
-    after the callbacks' hooks)."""
+    <run_dir>/train_metrics.json."""
 
     def on_train_end(self, trainer, pl_module) -> None:
         values = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train")}
@@ -109,6 +108,25 @@ def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path, recipe):
     assert "lr-SGD" in (crashed / "metrics.1.csv").read_text()
     assert "train/loss" in (crashed / "metrics.csv").read_text()
     ImageClassifier.load_from_checkpoint(last)  # the network is rebuilt from the file alone
+
+
+def test_resume_from_an_epoch_end_checkpoint_starts_the_next_epochs_metrics_afresh(
+    make_cfg, tmp_path
+):
+    """last.ckpt written at an epoch's end holds that epoch's metric totals; the next epoch's
+    training loss and accuracy must not include them."""
+    epochs = (*EXACT, "trainer.max_epochs=2", "callbacks.step_checkpoint.every_n_train_steps=1000")
+    train(make_cfg(*epochs, RECORD, f"run_dir={tmp_path / 'a'}"))
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=13")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*epochs, *crash, f"run_dir={crashed}"))
+    last = crashed / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["epoch"] == 0  # the first epoch's end
+    train(make_cfg(*epochs, RECORD, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert_same_weights(tmp_path / "a", crashed)
+    train_metrics = [(run / "train_metrics.json").read_text() for run in (tmp_path / "a", crashed)]
+    assert train_metrics[0] == train_metrics[1] and metrics.TRAIN_ACC in train_metrics[0]
 
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from typing import Any, Callable, Optional
@@ -137,8 +138,11 @@ class ImageClassifier(LightningModule):
     def _log_epoch(self, stage: str) -> None:
         # Lightning computes the logged metric objects (synced across ranks) and resets them.
         loss_name, acc_name = NAMES[stage]
-        self.log(loss_name, getattr(self, f"{stage}_loss"), prog_bar=stage != "train")
-        self.log(acc_name, getattr(self, f"{stage}_acc"), prog_bar=True)
+        for name, metric, bar in (
+            (loss_name, getattr(self, f"{stage}_loss"), stage != "train"),
+            (acc_name, getattr(self, f"{stage}_acc"), True),
+        ):
+            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=bar)
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         return self._step(batch, "train")
@@ -149,8 +153,11 @@ class ImageClassifier(LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._step(batch, "test")
 
-    def on_train_epoch_end(self) -> None:
-        self._log_epoch("train")
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        # With the epoch's last batch, not in on_train_epoch_end: Lightning runs the module's
+        # epoch-end hook after the callbacks' (TrainingCurves reads the epoch's values there).
+        if batch_idx + 1 >= self.trainer.num_training_batches:
+            self._log_epoch("train")
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
@@ -161,6 +168,18 @@ class ImageClassifier(LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # After an epoch's last batch the training metrics hold the epoch's totals (logged
+        # already); a resume from here starts the next epoch, which must start from zero.
+        if not self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        for name in ("train_loss", "train_acc"):
+            fresh = copy.deepcopy(getattr(self, name))
+            fresh.reset()
+            for key in ("state_dict", "current_model_state"):  # the latter: EMA's raw weights
+                if key in checkpoint:
+                    checkpoint[key].update(fresh.state_dict(prefix=f"{name}."))
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:
         """Class probabilities (N, num_classes), float32, of images normalised as in training
