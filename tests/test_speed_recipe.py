@@ -196,7 +196,8 @@ class ToyBN(L.LightningModule):
 @pytest.mark.parametrize("use_buffers", [True, False])
 def test_ema_keeps_lightnings_averages_and_checkpoint(tmp_path, use_buffers):
     """callbacks.EMA is Lightning's EMAWeightAveraging with another update: same averages,
-    same checkpoint keys, so either resumes the other's checkpoints."""
+    same checkpoint keys, so either resumes the other's checkpoints. Saved after fit, ours
+    keeps the trained weights as `current_model_state`; Lightning's holds the average twice."""
     kw = dict(decay=0.8, update_starting_at_step=3, use_buffers=use_buffers)
     runs = {}
     for name, cls in (("ours", EMA), ("lightning", L.pytorch.callbacks.EMAWeightAveraging)):
@@ -219,11 +220,16 @@ def test_ema_keeps_lightnings_averages_and_checkpoint(tmp_path, use_buffers):
     ours, theirs = runs["ours"], runs["lightning"]
     assert ours["callbacks"].keys() == theirs["callbacks"].keys()
     assert ours["averaging_state"]["n_averaged"] == theirs["averaging_state"]["n_averaged"] > 0
-    for key in ("state_dict", "current_model_state"):
-        assert ours[key].keys() == theirs[key].keys()
-        for k, v in ours[key].items():
-            if v.is_floating_point():  # (the batch counter is copied, not averaged)
-                torch.testing.assert_close(v, theirs[key][k], msg=f"{key} {k}")
+    assert ours["current_model_state"].keys() == theirs["current_model_state"].keys()
+    assert ours["state_dict"].keys() == theirs["state_dict"].keys()
+    for k, v in ours["state_dict"].items():
+        if v.is_floating_point():  # (the batch counter is copied, not averaged)
+            torch.testing.assert_close(v, theirs["state_dict"][k], msg=k)
+            torch.testing.assert_close(theirs["current_model_state"][k], v, msg=k)
+    weights = [k for k in ours["state_dict"] if k.endswith("weight")]
+    assert not any(
+        torch.equal(ours["current_model_state"][k], ours["state_dict"][k]) for k in weights
+    )
 
 
 def test_train_timer_counts_warmup_at_the_later_steps_pace(monkeypatch):

@@ -210,14 +210,45 @@ def test_same_seed_repeats_exactly_and_another_seed_does_not(make_cfg, tmp_path)
     assert not all(torch.equal(w[0][k], w[2][k]) for k in w[0])
 
 
-def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy(make_cfg, tmp_path):
-    result = train(make_cfg("trainer.max_epochs=2", f"run_dir={tmp_path}/train"))
+# The speed-run recipe, small, with the EMA of the weights running from the second step.
+EMA = ("experiment=speedrun", "model.widths=[8,8,8]", "data.batch_size=16")
+EMA += ("callbacks.ema.update_starting_at_step=1",)
+
+
+@pytest.mark.parametrize("recipe", [(), EMA], ids=["default", "speedrun-ema"])
+def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy(make_cfg, tmp_path, recipe):
+    """With EMA too: the final test scores the averaged weights, as eval.py does."""
+    result = train(make_cfg(*recipe, "trainer.max_epochs=2", f"run_dir={tmp_path}/train"))
     ckpt = result["tested_ckpt"]
     assert ckpt and "best" in ckpt
     again = evaluate(make_cfg(f"ckpt_path={ckpt}", f"run_dir={tmp_path}/eval", config_name="eval"))
     assert again[metrics.TEST_ACC] == result[metrics.TEST_ACC]
     assert again[metrics.TEST_LOSS] == pytest.approx(result[metrics.TEST_LOSS], rel=1e-6)
     assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+class KeepRawWeights(L.Callback):
+    """The trained (not averaged) weights at the end of the last epoch."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.weights = {k: v.clone() for k, v in pl_module.state_dict().items()}
+
+
+def test_ema_runs_last_checkpoint_keeps_the_trained_weights_to_train_on(make_cfg, tmp_path):
+    """The final last.ckpt is written after the EMA has put the average into the module; a
+    resume that trains longer must still continue from the trained weights."""
+    keep = KeepRawWeights()
+    cfg = make_cfg(*EMA, "trainer.max_epochs=2", "test=false")
+    dm = build.datamodule(cfg)
+    module = build.module(cfg, dm.num_classes)
+    callbacks = [*build.callbacks(cfg), keep]
+    build.trainer(cfg, callbacks=callbacks, loggers=[]).fit(module, datamodule=dm)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    raw, averaged = ckpt["current_model_state"], ckpt["state_dict"]
+    for k, v in keep.weights.items():
+        if k.startswith("net."):
+            assert torch.equal(raw[k], v), k
+    assert not all(torch.equal(raw[k], averaged[k]) for k in keep.weights if k.startswith("net."))
 
 
 def test_channels_last_reaches_weights_and_batches(make_cfg):

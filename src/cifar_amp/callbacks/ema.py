@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 
@@ -25,6 +26,7 @@ class EMA(EMAWeightAveraging):
         self._lerp = get_ema_multi_avg_fn(decay)
         self._pairs: tuple | None = None  # see _split
         self._started = False  # the average holds weights (n_averaged > 0)
+        self._trained: dict | None = None  # the module's own weights, once fit has ended
 
     @property
     def state_key(self) -> str:
@@ -35,6 +37,26 @@ class EMA(EMAWeightAveraging):
         # After a resume has restored n_averaged: the one host read of the fit.
         self._started = bool(self._average_model.n_averaged > 0)
         self._pairs = None
+        self._trained = None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # The parent puts the average into the module. A checkpoint written after this (the
+        # step checkpointer's final last.ckpt) must still hold the trained weights as
+        # `current_model_state`, or a resume that trains longer would go on from the average.
+        self._trained = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        super().on_train_end(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._trained is not None and "current_model_state" in checkpoint:
+            checkpoint["current_model_state"] = self._trained
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # Only a fit goes on from the trained weights. A test or validation of a checkpoint
+        # (the best one, after fit) evaluates its `state_dict`, the average, as eval.py does;
+        # the parent would load the trained weights whenever it has an average model.
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # The parent's rule: step_idx is zero-based, one update per optimizer step.
