@@ -159,6 +159,17 @@ class ImageClassifier(LightningModule):
         if batch_idx + 1 >= self.trainer.num_training_batches:
             self._log_epoch("train")
 
+    # Evaluation metrics start each epoch from zero, made in the epoch's own grad mode: states
+    # made under inference_mode (one process) cannot be updated in place under the no_grad
+    # that Lightning uses with gloo (CPU DDP), e.g. a test on one rank and then on two.
+    def on_validation_epoch_start(self) -> None:
+        self.val_loss.reset()
+        self.val_acc.reset()
+
+    def on_test_epoch_start(self) -> None:
+        self.test_loss.reset()
+        self.test_acc.reset()
+
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
         if self.trainer.sanity_checking:
