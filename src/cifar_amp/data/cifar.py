@@ -21,6 +21,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.device_batches import DeviceBatches
+from cifar_amp.data.resumable import RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ def read_split(
     return torch.from_numpy(images), torch.from_numpy(labels)
 
 
-class CIFARDataModule(LightningDataModule):
+class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
     """CIFAR-10/100 with a seeded validation split carved from the training set.
 
     All splits are decoded once and moved to the training device in `setup`; batches are
@@ -221,8 +222,6 @@ class CIFARDataModule(LightningDataModule):
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.channels_last = channels_last
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._train: DeviceBatches | None = None
-        self._train_state: dict | None = None
 
     @property
     def num_classes(self) -> int:
@@ -283,22 +282,7 @@ class CIFARDataModule(LightningDataModule):
         )
 
     def train_dataloader(self) -> DeviceBatches:
-        self._train = self._loader("train", train=True)
-        if self._train_state:
-            self._train.load_state_dict(self._train_state)
-        return self._train
-
-    # The training loader's position also travels in the datamodule's checkpoint state:
-    # Lightning restores it before the loader is built, whereas the fit loop's own
-    # "combined_loader" restore is skipped when the loader was built early (OneCycleLR's
-    # `trainer.estimated_stepping_batches` builds it in configure_optimizers).
-    def state_dict(self) -> dict:
-        return {"train_loader": self._train.state_dict()} if self._train is not None else {}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._train_state = state.get("train_loader")
-        if self._train is not None and self._train_state:
-            self._train.load_state_dict(self._train_state)
+        return self._restored(self._loader("train", train=True))
 
     def val_dataloader(self):
         return self._loader("val", train=False) if len(self.splits["val"][1]) else []

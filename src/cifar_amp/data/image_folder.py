@@ -25,7 +25,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from cifar_amp.data.resumable import EpochSampler, ResumableLoader
+from cifar_amp.data.resumable import EpochSampler, RestoresTrainLoader, ResumableLoader
 from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class Images(Dataset):
             return self.transform(image), label
 
 
-class ImageFolderDataModule(LightningDataModule):
+class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
     """Images in class folders; a seeded validation split unless `val_dir` is given."""
 
     def __init__(
@@ -176,8 +176,6 @@ class ImageFolderDataModule(LightningDataModule):
         )
         self._checked: set[str] = set()
         self._norm: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._train: ResumableLoader | None = None
-        self._train_state: dict | None = None
 
     def _same_classes(self, folder: str, key: str) -> ImageFolder:
         found = scan(folder, key)
@@ -258,7 +256,7 @@ class ImageFolderDataModule(LightningDataModule):
         world, rank = (t.world_size, t.global_rank) if t is not None else (1, 0)
         data = Images(self.samples["train"], self.train_transform, self.seed)
         sampler = EpochSampler(data, world, rank, shuffle=True, seed=self.seed, drop_last=True)
-        self._train = ResumableLoader(
+        loader = ResumableLoader(
             data,
             batch_size=self.batch_size,
             sampler=sampler,
@@ -266,9 +264,7 @@ class ImageFolderDataModule(LightningDataModule):
             drop_last=len(sampler) >= self.batch_size,
             **self._loader_args(persistent=True),
         )
-        if self._train_state:
-            self._train.load_state_dict(self._train_state)
-        return self._train
+        return self._restored(loader)
 
     def _eval_loader(self, split: str, persistent: bool) -> DataLoader | list:
         if split not in self.samples:
@@ -281,18 +277,6 @@ class ImageFolderDataModule(LightningDataModule):
 
     def test_dataloader(self):
         return self._eval_loader("test", persistent=False)
-
-    # The training loader's position also travels in the datamodule's checkpoint state:
-    # Lightning restores it before the loader is built, whereas the fit loop's own
-    # "combined_loader" restore is skipped when the loader was built early (OneCycleLR's
-    # `trainer.estimated_stepping_batches` builds it in configure_optimizers).
-    def state_dict(self) -> dict:
-        return {"train_loader": self._train.state_dict()} if self._train is not None else {}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._train_state = state.get("train_loader")
-        if self._train is not None and self._train_state:
-            self._train.load_state_dict(self._train_state)
 
     # -- on the device ------------------------------------------------------------
     def on_after_batch_transfer(self, batch, dataloader_idx: int):

@@ -58,3 +58,29 @@ class ResumableLoader(DataLoader):
 
     def load_state_dict(self, state: dict) -> None:
         self._resume = state
+
+
+class RestoresTrainLoader:
+    """For a LightningDataModule (listed before it in the bases) whose training loader has
+    `state_dict`/`load_state_dict`: the loader's position also travels in the datamodule's
+    checkpoint state. Lightning restores that before the loader is built, whereas the fit
+    loop's own "combined_loader" restore is skipped when the loader was built early (OneCycleLR's
+    `trainer.estimated_stepping_batches` builds it in configure_optimizers)."""
+
+    _train = None  # the training loader last built
+    _train_state: dict | None = None  # from a checkpoint, for the next loader built
+
+    def _restored(self, loader):
+        """`loader`, now the training loader, at the checkpoint's position if there is one."""
+        self._train = loader
+        if self._train_state:
+            loader.load_state_dict(self._train_state)
+        return loader
+
+    def state_dict(self) -> dict:
+        return {"train_loader": self._train.state_dict()} if self._train is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._train_state = state.get("train_loader")
+        if self._train is not None and self._train_state:
+            self._train.load_state_dict(self._train_state)
