@@ -36,8 +36,18 @@ def plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def seen(path) -> list[int]:
-    return [int(v) for v in path.read_text().split()]
+def labels_per_epoch(cfg, dm, n: int, out, epochs: int = 2) -> list[list[list[int]]]:
+    """Fit on two ranks a module with one class per training sample (the label is its index);
+    the labels each rank trained on, per epoch: [epoch][rank]."""
+    sgd = functools.partial(torch.optim.SGD, lr=0.01)
+    # Plain containers: a spawned rank unpickles the module, and a schema-typed DictConfig
+    # does not pickle.
+    module = ImageClassifier(net=plain(cfg.model), num_classes=n, optimizer=sgd)
+    build.trainer(cfg, callbacks=[RecordLabels(out)], loggers=[]).fit(module, datamodule=dm)
+    return [
+        [[int(v) for v in (out / f"rank{r}_epoch{e}.txt").read_text().split()] for r in (0, 1)]
+        for e in range(epochs)
+    ]
 
 
 def test_two_ranks_see_every_training_sample_once_per_epoch(make_cfg, tmp_path):
@@ -50,15 +60,8 @@ def test_two_ranks_see_every_training_sample_once_per_epoch(make_cfg, tmp_path):
     images, _ = dm.splits["train"]
     n = len(images)
     dm.splits["train"] = (images, torch.arange(n))  # label = sample index, one class each
-    sgd = functools.partial(torch.optim.SGD, lr=0.01)
-    # Plain containers: a spawned rank unpickles the module, and a schema-typed DictConfig
-    # does not pickle.
-    module = ImageClassifier(net=plain(cfg.model), num_classes=n, optimizer=sgd)
-    build.trainer(cfg, callbacks=[RecordLabels(tmp_path)], loggers=[]).fit(module, datamodule=dm)
-
     orders = []
-    for epoch in (0, 1):
-        ranks = [seen(tmp_path / f"rank{r}_epoch{epoch}.txt") for r in (0, 1)]
+    for ranks in labels_per_epoch(cfg, dm, n, tmp_path):
         assert len(ranks[0]) == len(ranks[1]) == n // 2
         assert sorted(ranks[0] + ranks[1]) == list(range(n))  # the union is the set, no overlap
         orders.append(ranks[0])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 
@@ -157,7 +156,7 @@ def test_a_bad_image_found_by_a_worker_is_named_in_one_line(image_folder, tmp_pa
 
 def test_two_ranks_share_each_epoch_without_overlap(make_folder_cfg, tmp_path):
     """DDP on two CPU processes, worker processes under each: EpochSampler shards the epoch."""
-    from test_ddp import TWO_RANKS, RecordLabels, plain, seen
+    from test_ddp import TWO_RANKS, labels_per_epoch
 
     cfg = make_folder_cfg(
         *TWO_RANKS, "trainer.max_epochs=2", "data.num_workers=1", "callbacks=none", "test=false"
@@ -165,12 +164,8 @@ def test_two_ranks_share_each_epoch_without_overlap(make_folder_cfg, tmp_path):
     dm = build.datamodule(cfg)
     n = len(dm.samples["train"])  # 108: 2 ranks x 54, 3 batches of 16 each (6 dropped)
     dm.samples["train"] = [(path, i) for i, (path, _) in enumerate(dm.samples["train"])]
-    sgd = functools.partial(torch.optim.SGD, lr=0.01)
-    module = ImageClassifier(net=plain(cfg.model), num_classes=n, optimizer=sgd)
-    build.trainer(cfg, callbacks=[RecordLabels(tmp_path)], loggers=[]).fit(module, datamodule=dm)
     orders = []
-    for epoch in (0, 1):
-        ranks = [seen(tmp_path / f"rank{r}_epoch{epoch}.txt") for r in (0, 1)]
+    for ranks in labels_per_epoch(cfg, dm, n, tmp_path):
         assert len(ranks[0]) == len(ranks[1]) == 48
         assert not set(ranks[0]) & set(ranks[1])
         orders.append(ranks[0])

@@ -30,12 +30,12 @@ KEY = "tracker_runs"  # top-level key of the checkpoint dict: {logger class name
 def _recorded(logger) -> dict[str, Any] | None:
     """What identifies this logger's run, or None for loggers whose run is their folder."""
     if isinstance(logger, MLFlowLogger):
-        run = logger.run_id
+        key, run = "run_id", logger.run_id
     elif isinstance(logger, WandbLogger):
-        run = logger.version
+        key, run = "id", logger.version
     else:
         return None
-    return {"run_id" if isinstance(logger, MLFlowLogger) else "id": run} if run else None
+    return {key: run} if run else None
 
 
 class RecordTrackerRuns(Callback):
