@@ -1,8 +1,6 @@
 """Test a checkpoint: `python eval.py ckpt_path=<file> [data.data_dir=...]`."""
 
-from pathlib import Path
-
 from cifar_amp import cli, evaluation
 
 if __name__ == "__main__":
-    cli.main(evaluation.main, Path(__file__).parent / "configs", "eval")
+    cli.main(evaluation.main, "eval")

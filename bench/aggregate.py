@@ -16,14 +16,15 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench import report
+from cifar_amp import diagnostics as D
 from cifar_amp import metrics
 from cifar_amp.errors import UserError, reported
 
 DEFAULT_CHART = (
     metrics.TEST_ACC,
     metrics.VAL_ACC_BEST,
-    metrics.IMAGES_PER_SEC,
-    metrics.PEAK_MEMORY_MB,
+    D.IMAGES_PER_SEC,
+    D.PEAK_MEMORY_MB,
 )
 
 

@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import inspect
 import json
 import statistics
 import time
 import warnings
-from types import SimpleNamespace
 
 import lightning as L
 import torch
+from hydra.utils import instantiate
 
 from bench import reference_loop
-from cifar_amp import schedules
 from cifar_amp.data import SPECS, Augment, DeviceBatches
 from cifar_amp.module import ImageClassifier
 from cifar_amp.precision import Precision
@@ -87,16 +85,15 @@ def make_module(args) -> ImageClassifier:
     # The module's own optimizer and schedule (its constructor's defaults), at `--lr`.
     defaults = inspect.signature(ImageClassifier).parameters
     torch.manual_seed(args.seed)
-    net = {"_target_": "cifar_amp.models.ResNet18"}
+    net = {"_target_": "cifar_amp.models.resnet.ResNet18"}
     if args.model == "speednet":
-        net = {"_target_": "cifar_amp.models.SpeedNet", "widths": args.widths}
+        net = {"_target_": "cifar_amp.models.speednet.SpeedNet", "widths": args.widths}
+    optimizer = defaults["optimizer"].default | {"lr": args.lr, "fused": args.fused or None}
     return ImageClassifier(
         net=net,
         num_classes=10,
-        optimizer=functools.partial(
-            defaults["optimizer"].default, lr=args.lr, fused=args.fused or None
-        ),
-        scheduler=functools.partial(defaults["scheduler"].default, max_lr=args.lr),
+        optimizer=optimizer,
+        scheduler=defaults["scheduler"].default,  # its peak is the optimizer's lr
         label_smoothing=args.label_smoothing,
         channels_last=args.channels_last,
         compile=args.compile,
@@ -107,7 +104,7 @@ def make_module(args) -> ImageClassifier:
 def run_lightning(
     module: ImageClassifier, loader: DeviceBatches, args, device: torch.device
 ) -> float:
-    clock = Clock(device)
+    clock, prec = Clock(device), Precision(args.precision)
     trainer = L.Trainer(
         accelerator=device.type,
         devices=1,
@@ -119,8 +116,9 @@ def run_lightning(
         num_sanity_val_steps=0,
         benchmark=device.type == "cuda",
         callbacks=[clock],
-        **Precision(args.precision).trainer_kwargs(device.type),
+        precision=prec.trainer_precision,
     )
+    prec.setup(trainer)
     trainer.fit(module, train_dataloaders=loader)
     return clock.seconds
 
@@ -129,9 +127,10 @@ def run_plain(module: ImageClassifier, loader: DeviceBatches, args, device: torc
     net = module.net.to(device)
     if args.compile:
         net.compile(mode=args.compile_mode)
-    optimizer = module.optimizer_factory(params=net.parameters())
-    run = SimpleNamespace(estimated_stepping_batches=args.epochs * len(loader))
-    scheduler = schedules.build(module.scheduler_factory, optimizer, run)  # as the module does
+    # As configure_optimizers builds them.
+    optimizer = instantiate(module.hparams.optimizer, params=net.parameters())
+    total = args.epochs * len(loader)
+    scheduler = instantiate(module.hparams.scheduler, optimizer=optimizer, total_steps=total)
     sync(device)
     start = time.perf_counter()
     reference_loop.fit(

@@ -37,21 +37,23 @@ def breakdown(cfg: DictConfig, batch_size: int) -> dict[str, float]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    plugin = L.Trainer(
+    prec = build.precision(cfg)
+    trainer = L.Trainer(
         accelerator="cpu",
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        **build.precision(cfg).trainer_kwargs("cpu"),
-    ).precision_plugin
-    make_optimizer = instantiate(cfg.module.optimizer)
+        precision=prec.trainer_precision,
+    )
+    prec.setup(trainer)
+    plugin = trainer.precision_plugin
     with FakeTensorMode():
         # The plugin's init context creates 16-bit weights directly (`true` modes); its
         # convert_module (a `.to(dtype)`) cannot swap fake parameters.
         with plugin.module_init_context():
             net = instantiate(cfg.model, num_classes=10).train()
-        opt = make_optimizer(params=net.parameters())
+        opt = instantiate(cfg.module.optimizer, params=net.parameters())
         x = plugin.convert_input(torch.randn(batch_size, 3, 32, 32))
         y = torch.randint(0, 10, (batch_size,))
         tracker = MemTracker()

@@ -33,7 +33,7 @@ def measure(callback: str, repeats: int, overrides: list[str]) -> dict:
         "trainer.enable_progress_bar=false",
     ]
     runs = {"with": [], "without": []}
-    config.register()
+    config.register(CONFIGS)
     with (
         tempfile.TemporaryDirectory() as tmp,
         initialize_config_dir(str(CONFIGS), version_base="1.3"),

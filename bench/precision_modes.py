@@ -31,9 +31,9 @@ from lightning import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from bench import memory, report
-from cifar_amp import build, cli, config, metrics
-from cifar_amp.callbacks.precision_diagnostics import peak_rss_mb
+from cifar_amp import build, cli, config
 from cifar_amp.config import TrainConfig
+from cifar_amp.diagnostics import SKIPPED_STEPS, peak_rss_mb
 from cifar_amp.errors import UserError
 from cifar_amp.precision import NAMES
 
@@ -81,9 +81,8 @@ BENCH_KEYS = {f.name for f in fields(BenchConfig)} - {f.name for f in fields(Tra
 def register() -> None:
     """The template's schemas, this command's schema and its config (bench/
     configs_precision_modes.yaml, whose groups come from configs/). Idempotent."""
-    config.register()
+    config.register(CONFIGS, {CONFIG_NAME: BenchConfig})
     cs = ConfigStore.instance()
-    cs.store(name="precision_modes_schema", node=BenchConfig)
     cs.store(name=CONFIG_NAME, node=OmegaConf.load(HERE / "configs_precision_modes.yaml"))
 
 
@@ -168,24 +167,30 @@ class StepMeter(Callback):
             self.peak_mb = max(self.peak_mb or 0.0, peak)
 
 
-def parts(cfg: DictConfig, datamodules: dict | None = None):
-    """Precision, DataModule and LightningModule, as `cifar_amp.training.train` builds them.
+def device_type(cfg: DictConfig) -> str:
+    """The device the Trainer of `cfg` picks."""
+    return build.trainer(cfg).strategy.root_device.type
+
+
+def parts(cfg: DictConfig, callbacks: list, datamodules: dict | None = None):
+    """Trainer, DataModule and LightningModule, as `cifar_amp.training.train` builds them.
     `datamodules`: loaded ones by layout, reused (at this batch size) by cases in one process."""
     prec = build.precision(cfg)
-    layout = prec.channels_last(build.device_type(cfg))
+    trainer = build.trainer(cfg, prec, callbacks)
+    layout = prec.layout
     cached = {} if datamodules is None else datamodules
     if layout not in cached:
         cached[layout] = build.datamodule(cfg, channels_last=layout)
     dm = cached[layout]
     dm.batch_size = cfg.data.batch_size
-    return prec, dm, build.module(cfg, dm.num_classes, channels_last=layout)
+    return trainer, dm, build.module(cfg, dm.num_classes, channels_last=layout)
 
 
 def cannot_run(cfg: DictConfig) -> str | None:
     """Why this device cannot train the model in this precision (None if it can): one
     forward and backward of two images under the trainer's precision plugin."""
-    plugin = build.trainer(cfg).precision_plugin
-    device = build.device_type(cfg)
+    trainer = build.trainer(cfg)
+    plugin, device = trainer.precision_plugin, trainer.strategy.root_device.type
     try:
         with plugin.module_init_context():
             net = instantiate(cfg.model, num_classes=10).to(device)
@@ -212,11 +217,10 @@ def run_case(case: dict, warmup: int, datamodules: dict | None = None) -> dict:
     if reason:
         log.warning("%s skipped: %s", cfg.precision.name, reason)
         return {"skipped": reason}
-    cuda = build.device_type(cfg) == "cuda"
+    cuda = device_type(cfg) == "cuda"
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    prec, dm, module = parts(cfg, datamodules)
     meter = StepMeter(warmup)
-    trainer = build.trainer(cfg, prec, [*build.callbacks(cfg), meter], [])
+    trainer, dm, module = parts(cfg, [*build.callbacks(cfg), meter], datamodules)
     try:
         trainer.fit(module, datamodule=dm)
     except torch.OutOfMemoryError:
@@ -224,7 +228,7 @@ def run_case(case: dict, warmup: int, datamodules: dict | None = None) -> dict:
     finally:
         dm.trainer = None  # a reused DataModule must not keep this case's model alive
     timed = meter.seconds[warmup:]
-    skipped = trainer.callback_metrics.get(metrics.SKIPPED_STEPS)
+    skipped = trainer.callback_metrics.get(SKIPPED_STEPS)
     return {
         "step_ms": 1000 * statistics.median(timed),
         "timed_steps": len(timed),
@@ -243,8 +247,7 @@ def trains(case: dict, batch: int, datamodules: dict | None) -> bool:
     cfg.data.batch_size = batch
     # cuDNN autotuning off: each new batch shape would be tuned again, for a yes/no answer.
     cfg.trainer.update(max_steps=2, benchmark=False)
-    prec, dm, module = parts(cfg, datamodules)
-    trainer = build.trainer(cfg, prec, [], [])
+    trainer, dm, module = parts(cfg, [], datamodules)
     try:
         trainer.fit(module, datamodule=dm)
         fits = True
@@ -297,7 +300,7 @@ def run(cfg: DictConfig) -> list[dict]:
     )
     diagnostics_cb = base["callbacks"].get("precision_diagnostics")
     out_dir = Path(cfg.run_dir)
-    cuda = build.device_type(cfg) == "cuda"
+    cuda = device_type(cfg) == "cuda"
     isolate = (not cuda) if cfg.isolate is None else cfg.isolate
     datamodules = None if isolate else {}  # loaded once per layout, for all cases
     settings = OmegaConf.to_container(cfg.checkpointing)
@@ -506,7 +509,7 @@ def _batch_note(row: dict) -> str:
 
 def main() -> None:
     register()
-    cli.main(run, CONFIGS, CONFIG_NAME)
+    cli.main(run, CONFIG_NAME, BenchConfig)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from cifar_amp import config
+from cifar_amp import config, metrics
 from cifar_amp.data import SPECS
 from cifar_folder import write_cifar_folder
 from image_folder import write_image_folder
@@ -51,12 +52,29 @@ CPU_DDP = (
 )
 
 
+def _entry_schemas() -> dict:
+    """The schemas of the extras' entry configs (predict, export) that are installed."""
+    found = {}
+    for name, module, cls in (
+        ("predict", "prediction", "PredictConfig"),
+        ("export", "export", "ExportConfig"),
+    ):
+        try:
+            found[name] = {name: getattr(importlib.import_module(f"cifar_amp.{module}"), cls)}
+        except ImportError:
+            pass
+    return found
+
+
+ENTRY_SCHEMAS = _entry_schemas()
+
+
 def compose_cfg(
     config_name: str = "train",
     overrides: tuple[str, ...] | list[str] = (),
     return_hydra_config: bool = False,
 ) -> DictConfig:
-    config.register()
+    config.register(CONFIGS, ENTRY_SCHEMAS.get(config_name))
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose(
             config_name, overrides=list(overrides), return_hydra_config=return_hydra_config
@@ -124,6 +142,13 @@ def make_folder_cfg(tmp_path, image_folder):
         return compose_cfg(config_name, (*base, *overrides))
 
     return make
+
+
+def deterministic(result: dict) -> dict:
+    """What two runs of the same config must agree on in metrics.json: the core's keys, but
+    not its times and paths (an extra's measured keys, such as images/s, are left out too)."""
+    keep = set(metrics.BY_NAME.values()) - {metrics.FIT_SECONDS, metrics.TESTED_CKPT}
+    return {k: v for k, v in result.items() if k in keep}
 
 
 def options(group: str) -> list[str]:

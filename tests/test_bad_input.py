@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
+from cifar_amp import build, runs
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
-from cifar_amp.reliability import preflight
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
 
-SMALL = {"_target_": "cifar_amp.models.SmallCNN", "width": 8, "hidden": 32}
+SMALL = {"_target_": "cifar_amp.models.small_cnn.SmallCNN", "width": 8, "hidden": 32}
 
 CONFIG_CASES = [
     # (overrides, message fragment)
@@ -84,7 +84,7 @@ def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):
         UserError,
         match="precision=bf16-mixed: Tesla V100 has no bfloat16 support; valid here: 16-mixed",
     ):
-        preflight.check_hardware(cfg)
+        build.trainer(cfg)
 
 
 def _break_data(folder, how):
@@ -144,7 +144,7 @@ CKPT_CASES = [
     ),
     (lambda p: _fake_ckpt(p, num_classes=100), "was trained for 100 classes; data.dataset has 10"),
     (
-        lambda p: _fake_ckpt(p, net={"_target_": "cifar_amp.models.SpeedNet"}),
+        lambda p: _fake_ckpt(p, net={"_target_": "cifar_amp.models.speednet.SpeedNet"}),
         "missing from the checkpoint: net.blocks.0.0.bias",
     ),
 ]
@@ -159,13 +159,15 @@ def test_bad_checkpoint(make_cfg, tmp_path, make, message):
 
 
 def test_used_run_dir_is_refused_unless_resuming(tmp_path):
-    preflight.check_run_dir(str(tmp_path), None)  # empty: fine
-    (tmp_path / "config.yaml").write_text("{}")
+    with runs.claim(str(tmp_path), resuming=False):  # empty: fine
+        (tmp_path / "config.yaml").write_text("{}")
     with pytest.raises(
         UserError, match=f"run dir {tmp_path} already holds a run; resume it with ckpt_path="
     ):
-        preflight.check_run_dir(str(tmp_path), None)
-    preflight.check_run_dir(str(tmp_path), str(tmp_path / "checkpoints" / "last.ckpt"))
+        with runs.claim(str(tmp_path), resuming=False):
+            pass
+    with runs.claim(str(tmp_path), resuming=True):
+        pass
 
 
 def _cli(tmp_path, *overrides, env=None):

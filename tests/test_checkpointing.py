@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 from cifar_amp.errors import InvalidArgument
-from cifar_amp.models import ResNet18, SmallCNN, SpeedNet
-from cifar_amp.models.checkpointing import recomputed, run_blocks
+from cifar_amp.models.checkpointing import _BATCH_NORM, recomputed, run_blocks
+from cifar_amp.models.resnet import ResNet18
+from cifar_amp.models.small_cnn import SmallCNN
+from cifar_amp.models.speednet import SpeedNet
 
 MODELS = {
     "small_cnn": lambda **ck: SmallCNN(width=8, hidden=16, **ck),
@@ -140,3 +142,11 @@ def test_dropout_blocks_give_same_grads():
         grads.append([p.grad for p in blocks.parameters()])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(b, a)
+
+
+def test_batchnorm_base_covers_every_batchnorm_and_nothing_else():
+    """A private torch name (no public base class exists): still what it was."""
+    for bn in (nn.BatchNorm1d(2), nn.BatchNorm2d(2), nn.SyncBatchNorm(2), nn.LazyBatchNorm2d()):
+        assert isinstance(bn, _BATCH_NORM) and hasattr(bn, "running_mean")
+    for other in (nn.LayerNorm(2), nn.GroupNorm(1, 2), nn.InstanceNorm2d(2)):
+        assert not isinstance(other, _BATCH_NORM)

@@ -37,7 +37,8 @@ def test_pixels_follow_cifar_layout(tmp_path):
     root = write_cifar_folder(tmp_path, per_file=4, n_test=4)
     path = root / "cifar-10-batches-py" / "test_batch"
     raw = pickle.loads(path.read_bytes())
-    images, labels = cifar.read_batch(path, 10)
+    images, labels, key = cifar.read_batch(path, 10)
+    assert key == "labels"
     # row = 1024 red, 1024 green, 1024 blue values, each 32 x 32 row-major
     assert images[1, 2, 3, 4] == raw["data"][1][2 * 1024 + 3 * 32 + 4]
     assert labels.tolist() == raw["labels"]

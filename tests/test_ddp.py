@@ -3,7 +3,6 @@ Hydra multirun whose jobs each run on two ranks."""
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -39,7 +38,7 @@ def plain(node) -> dict:
 def labels_per_epoch(cfg, dm, n: int, out, epochs: int = 2) -> list[list[list[int]]]:
     """Fit on two ranks a module with one class per training sample (the label is its index);
     the labels each rank trained on, per epoch: [epoch][rank]."""
-    sgd = functools.partial(torch.optim.SGD, lr=0.01)
+    sgd = {"_target_": "torch.optim.SGD", "lr": 0.01}
     # Plain containers: a spawned rank unpickles the module, and a schema-typed DictConfig
     # does not pickle.
     module = ImageClassifier(net=plain(cfg.model), num_classes=n, optimizer=sgd)

@@ -13,11 +13,18 @@ import pytest
 import torch
 
 from cifar_amp import export
+from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.inputs import read
-from cifar_amp.prediction import load, normaliser
+from cifar_amp.prediction import normaliser
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, SUBSET, compose_cfg
+
+
+def load(path, **overrides):
+    """The checkpoint's module, as predict and export rebuild it, and its data_meta."""
+    ckpt = Checkpoint(path)
+    return ckpt.module(**overrides), ckpt.data_meta()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +59,7 @@ def run_export(tmp_path: Path, ckpt: Path, images: Path, *overrides: str) -> Pat
 
 def batches(ckpt: Path, images: Path, *sizes: int) -> list[torch.Tensor]:
     """Normalised real images, in batches of `sizes` (none of them the traced size, 2)."""
-    module, meta = load(str(ckpt))
+    module, meta = load(ckpt)
     x = normaliser(meta)(read(images, meta, module.hparams.num_classes).images)
     return [x[:n] for n in sizes]
 
@@ -62,7 +69,7 @@ def test_onnx_runs_in_onnxruntime_at_any_batch_size(ckpt, real_images, tmp_path)
     assert out == tmp_path / "model.onnx" and not list(tmp_path.glob(".*tmp*"))
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert isinstance(session.get_inputs()[0].shape[0], str)  # a named, dynamic dimension
-    module, meta = load(str(ckpt))
+    module, meta = load(ckpt)
     for x in batches(ckpt, real_images, 1, 5, 37):
         logits = session.run(["logits"], {"images": x.numpy()})[0]
         with torch.no_grad():
@@ -78,8 +85,8 @@ def test_exported_program_runs_at_any_batch_size_with_tta(ckpt, real_images, tmp
     extra = {"meta.json": ""}
     program = torch.export.load(out, extra_files=extra)
     assert json.loads(extra["meta.json"])["tta"] == "flip_shift"
-    module, _ = load(str(ckpt), tta="flip_shift")
-    net = export.EvalNet(module.net, "flip_shift", module.tta_shift).eval()
+    module, _ = load(ckpt, tta="flip_shift")
+    net = export.EvalNet(module.net, "flip_shift", module.hparams.tta_shift).eval()
     for x in batches(ckpt, real_images, 1, 5, 37):
         with torch.no_grad():
             torch.testing.assert_close(program.module()(x), net(x), atol=1e-5, rtol=1e-5)
@@ -138,7 +145,7 @@ def test_weight_averaged_runs_export_and_predict_the_averaged_weights(
     raw = torch.load(ckpt, map_location="cpu", weights_only=False)
     averaged, current = raw["state_dict"], raw["current_model_state"]
     assert not torch.equal(averaged["net.head.weight"], current["net.head.weight"])
-    module, _ = load(str(ckpt))
+    module, _ = load(ckpt)
     for k, v in module.state_dict().items():
         assert torch.equal(v, averaged[k]), k
     out = run_export(tmp_path / "export", ckpt, real_images, "format=torch_export", "tta=none")

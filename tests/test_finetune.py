@@ -6,13 +6,10 @@ import logging
 
 import pytest
 import torch
-from hydra.core.hydra_config import HydraConfig
 
 from cifar_amp import build, finetune, metrics
 from cifar_amp.errors import UserError
-from cifar_amp.reliability import signals
 from cifar_amp.training import train
-from conftest import compose_cfg
 
 HEAD = ("head.3.weight", "head.3.bias")  # SmallCNN's last Linear
 
@@ -33,7 +30,7 @@ def test_init_from_a_cifar10_checkpoint_into_3_classes(
     module = build.module(cfg, dm.num_classes)
     fresh = {k: v.clone() for k, v in module.net.state_dict().items()}
     with caplog.at_level(logging.INFO, logger="cifar_amp.finetune"):
-        finetune.init_from(cfg.init_from, module.net, dm.num_classes, None)
+        finetune.FineTune(cfg.init_from).before_run(module)
     for key, value in module.net.state_dict().items():
         if key in HEAD:  # re-initialised: as built, sized for 3 classes
             assert value.shape[0] == 3 and torch.equal(value, fresh[key])
@@ -56,7 +53,7 @@ def test_init_from_a_cifar10_checkpoint_into_3_classes(
 def test_same_class_count_loads_the_head_too(make_cfg, cifar_ckpt, tmp_path):
     cfg = make_cfg(f"init_from={cifar_ckpt}", f"run_dir={tmp_path / 'again'}")
     module = build.module(cfg, 10)
-    finetune.init_from(cfg.init_from, module.net, 10, None)
+    finetune.FineTune(cfg.init_from).before_run(module)
     saved = torch.load(cifar_ckpt, map_location="cpu", weights_only=False)["state_dict"]
     assert torch.equal(module.net.state_dict()["head.3.weight"], saved["net.head.3.weight"])
 
@@ -84,15 +81,3 @@ def test_missing_or_foreign_file_is_refused(make_folder_cfg, tmp_path):
     for path, expected in ((tmp_path / "nope.ckpt", "no such file"), (foreign, "no 'state_dict'")):
         with pytest.raises(UserError, match=f"init_from={path}.*{expected}"):
             train(make_folder_cfg(f"init_from={path}", f"run_dir={tmp_path / 'x'}"))
-
-
-def test_the_printed_resume_command_drops_init_from(tmp_path):
-    """SIGTERM/Ctrl+C print how to resume: with ckpt_path, which refuses init_from."""
-    cfg = compose_cfg("train", ["init_from=a.ckpt", "seed=3"], return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    try:
-        command = signals.resume_command(tmp_path / "last.ckpt", str(tmp_path))
-    finally:
-        HydraConfig.instance().cfg = None
-    assert "seed=3" in command and f"ckpt_path={tmp_path / 'last.ckpt'}" in command
-    assert "init_from" not in command

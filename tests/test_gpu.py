@@ -12,7 +12,7 @@ import torch
 from lightning import Callback
 
 from cifar_amp import build
-from cifar_amp.models import ResNet18
+from cifar_amp.models.resnet import ResNet18
 from conftest import requires_cuda
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
@@ -63,10 +63,9 @@ def fit(cfg, *callbacks):
     """Built as cifar_amp.training.train builds a run (the layout from the precision)."""
     L.seed_everything(cfg.seed)
     prec = build.precision(cfg)
-    layout = prec.channels_last("cuda")
-    dm = build.datamodule(cfg, channels_last=layout)
-    module = build.module(cfg, dm.num_classes, channels_last=layout)
-    trainer = build.trainer(cfg, prec, list(callbacks), [], enable_checkpointing=False)
+    trainer = build.trainer(cfg, prec, callbacks, enable_checkpointing=False)
+    dm = build.datamodule(cfg, channels_last=prec.layout)
+    module = build.module(cfg, dm.num_classes, channels_last=prec.layout)
     trainer.fit(module, datamodule=dm)
     return trainer, module, prec
 

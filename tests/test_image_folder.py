@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cifar_amp import build, metrics
-from cifar_amp.data import ImageFolderDataModule
+from cifar_amp.data.image_folder import ImageFolderDataModule
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
 from cifar_amp.module import ImageClassifier

@@ -2,12 +2,15 @@ import json
 import logging
 import math
 
+import lightning as L
 import pytest
+import torch
+from torch import nn
 
-from cifar_amp import metrics
+from cifar_amp import diagnostics as D
 from cifar_amp.training import train
 
-DIAG = "+callbacks.precision_diagnostics._target_=cifar_amp.callbacks.PrecisionDiagnostics"
+DIAG = "+callbacks.precision_diagnostics._target_=cifar_amp.diagnostics.PrecisionDiagnostics"
 
 
 def _run(make_cfg, tmp_path, *overrides):
@@ -28,12 +31,12 @@ def test_fp16_overflow_shows_as_skipped_steps_and_lower_scale(make_cfg, tmp_path
         "precision.scaler.growth_interval=1000",
         "data.batch_size=4",
     )
-    skipped, scale = out[metrics.SKIPPED_STEPS], out[metrics.SCALE]
+    skipped, scale = out[D.SKIPPED_STEPS], out[D.SCALE]
     assert skipped >= 1
     assert scale < init
     assert scale == init * 0.5**skipped
     assert skipped < 45  # it recovered: later steps (of 45) were applied
-    assert math.isfinite(out[metrics.GRAD_NORM]) and out[metrics.GRAD_NORM] > 0
+    assert math.isfinite(out[D.GRAD_NORM]) and out[D.GRAD_NORM] > 0
 
 
 def test_no_overflow_no_skipped_steps(make_cfg, tmp_path):
@@ -45,8 +48,8 @@ def test_no_overflow_no_skipped_steps(make_cfg, tmp_path):
         "precision.scaler.growth_interval=1000",
         "trainer.limit_train_batches=5",
     )
-    assert out[metrics.SKIPPED_STEPS] == 0
-    assert out[metrics.SCALE] == 256
+    assert out[D.SKIPPED_STEPS] == 0
+    assert out[D.SCALE] == 256
 
 
 @pytest.mark.parametrize("clip, fraction", [(1e-6, 1.0), (1e6, 0.0)])
@@ -54,9 +57,9 @@ def test_clip_fraction_and_norm_before_clipping(make_cfg, tmp_path, clip, fracti
     out = _run(
         make_cfg, tmp_path, f"trainer.gradient_clip_val={clip}", "trainer.limit_train_batches=4"
     )
-    assert out[metrics.CLIP_FRACTION] == fraction
+    assert out[D.CLIP_FRACTION] == fraction
     # The norm is taken before clipping: far above a 1e-6 clip threshold.
-    assert out[metrics.GRAD_NORM] > 1e-3
+    assert out[D.GRAD_NORM] > 1e-3
 
 
 def test_clip_fraction_by_value(make_cfg, tmp_path):
@@ -67,18 +70,14 @@ def test_clip_fraction_by_value(make_cfg, tmp_path):
         "trainer.gradient_clip_algorithm=value",
         "trainer.limit_train_batches=3",
     )
-    assert out[metrics.CLIP_FRACTION] == 1.0
+    assert out[D.CLIP_FRACTION] == 1.0
 
 
 def test_no_scale_without_scaler_and_perf_metrics(make_cfg, tmp_path):
     out = _run(make_cfg, tmp_path, "precision=bf16-mixed", "trainer.limit_train_batches=3")
-    assert (
-        metrics.SCALE not in out
-        and metrics.SKIPPED_STEPS not in out
-        and metrics.CLIP_FRACTION not in out
-    )
-    assert out[metrics.IMAGES_PER_SEC] > 0
-    assert out[metrics.PEAK_MEMORY_MB] > 0
+    assert D.SCALE not in out and D.SKIPPED_STEPS not in out and D.CLIP_FRACTION not in out
+    assert out[D.IMAGES_PER_SEC] > 0
+    assert out[D.PEAK_MEMORY_MB] > 0
 
 
 def fit_start_log(make_cfg, caplog, precision: str) -> str:
@@ -132,6 +131,51 @@ def test_fused_optimizer_under_16_mixed_reports_the_unscaled_norm(make_cfg, tmp_
             )
         )
         out = json.loads((run / "metrics.json").read_text())
-        assert out[metrics.SKIPPED_STEPS] == 0 and out[metrics.SCALE] == 1024
-        norms.append(out[metrics.GRAD_NORM])
+        assert out[D.SKIPPED_STEPS] == 0 and out[D.SCALE] == 1024
+        norms.append(out[D.GRAD_NORM])
     assert math.isclose(norms[0], norms[1], rel_tol=1e-4), norms
+
+
+class Tick(L.Callback):
+    """A fake clock: each batch takes its time between its start and end hooks."""
+
+    now = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        Tick.now += 10 if trainer.global_step < D.WARMUP_STEPS else 1
+
+
+def test_train_seconds_count_the_warmup_at_the_later_batches_mean(make_cfg, tmp_path, monkeypatch):
+    """A fake clock: the 3 warm-up batches take 10 s each, the others 1 s; compile_seconds is
+    what the warm-up took beyond the mean (only with module.compile)."""
+    monkeypatch.setattr(D.time, "perf_counter", lambda: Tick.now)
+    out = _run(make_cfg, tmp_path, f"+callbacks.tick._target_={__name__}.Tick")
+    steps = 180 // 16  # tiny data: 180 training images in batches of 16
+    assert out[D.TRAIN_SECONDS] == steps  # all batches at the later batches' 1 s
+    assert D.COMPILE_SECONDS not in out  # module.compile is off
+
+
+def test_scale_tensor_is_the_scale_without_a_sync():
+    """A private torch name the callback reads: still the scale, as a device tensor."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    assert D._scale(scaler) is None  # created lazily, on first use
+    scaler.scale(torch.ones(()))
+    scale = D._scale(scaler)
+    assert isinstance(scale, torch.Tensor) and scale.item() == scaler.get_scale() == 1024.0
+
+
+def test_fused_optimizers_say_they_unscale_and_the_scaler_then_reads_nothing():
+    p = nn.Parameter(torch.ones(3))
+    assert D._unscales_in_step(torch.optim.SGD([p], lr=0.1, fused=True))
+    assert not D._unscales_in_step(torch.optim.SGD([p], lr=0.1))
+    # GradScaler.step hands a fused optimizer the inf flag instead of reading it (.item()).
+    scaler, opt = torch.amp.GradScaler("cpu"), torch.optim.SGD([p], lr=0.1, fused=True)
+    scaler.scale(p.sum()).backward()
+    seen = []
+    original = torch.Tensor.item
+    torch.Tensor.item = lambda t: seen.append(t) or original(t)
+    try:
+        scaler.step(opt)
+    finally:
+        torch.Tensor.item = original
+    assert not seen and p.grad is not None

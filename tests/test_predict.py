@@ -16,10 +16,9 @@ import torch
 from PIL import Image
 
 from cifar_amp import prediction
-from cifar_amp.data import SPECS, CIFARDataModule
-from cifar_amp.data.device_batches import DeviceBatches
+from cifar_amp.data import SPECS, CIFARDataModule, DeviceBatches
+from cifar_amp.data.images import eval_resize
 from cifar_amp.errors import UserError
-from cifar_amp.inputs import resize
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
 from cifar_folder import write_cifar_folder
@@ -153,7 +152,7 @@ def test_a_single_image_file(ckpt, test_batch, tmp_path, capsys):
 def test_resize_keeps_the_aspect_ratio_and_crops_the_centre():
     img = torch.full((3, 64, 128), 255, dtype=torch.uint8)
     img[:, :, 32:96] = 0  # a dark middle half between bright sides
-    out = resize([32, 32])(img)
+    out = eval_resize([32, 32])(img)
     assert out.shape == (3, 32, 32)
     assert int(out[:, :, 1:-1].max()) == 0  # stretching would have brought the sides in
 

@@ -8,12 +8,11 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from cifar_amp import metrics, schedules
+from cifar_amp.checkpoints import SETTINGS, Checkpoint, resume_source
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
-from cifar_amp.reliability import run_settings
 from cifar_amp.training import train
 from test_resume import EXACT, assert_same_weights, comparable
 
@@ -69,9 +68,8 @@ def test_resume_into_a_new_run_dir_tests_the_same_best_checkpoint(make_cfg, tmp_
 def planned_lrs(cfg, total: int) -> list[float]:
     """The learning rates of a run of `total` steps planned from the start."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0, momentum=0.9)
-    sched = instantiate(cfg.module.scheduler)
-    kwargs = {"max_lr": cfg.module.optimizer.lr, **sched.keywords}  # peak = the set lr
-    sched = schedules.OneCycleLR(opt, total_steps=total, **kwargs)
+    args = {k: v for k, v in cfg.module.scheduler.items() if k != "_target_"}
+    sched = schedules.OneCycleLR(opt, total_steps=total, max_lr=cfg.module.optimizer.lr, **args)
     out = []
     for _ in range(total):
         out.append(opt.param_groups[0]["lr"])
@@ -143,7 +141,7 @@ def test_resume_with_another_setting_is_refused(
     make_cfg, one_step_checkpoint, override, recorded, asked
 ):
     ckpt = one_step_checkpoint
-    assert torch.load(ckpt, weights_only=False)[run_settings.KEY]  # recorded in every checkpoint
+    assert torch.load(ckpt, weights_only=False)[SETTINGS]  # recorded in every checkpoint
     with pytest.raises(UserError) as e:
         train(make_cfg(override, f"ckpt_path={ckpt}"))
     assert str(e.value).startswith(
@@ -153,7 +151,7 @@ def test_resume_with_another_setting_is_refused(
 
 def test_checkpoint_without_the_record_is_resumed_as_before(one_step_checkpoint, tmp_path):
     old = torch.load(one_step_checkpoint, weights_only=False)
-    del old[run_settings.KEY]
+    del old[SETTINGS]
     torch.save(old, tmp_path / "old.ckpt")
     ours = {
         "data.dataset": "cifar10",
@@ -161,4 +159,19 @@ def test_checkpoint_without_the_record_is_resumed_as_before(one_step_checkpoint,
         "precision": "bf16-mixed",
         "model._target_": "x.Y",
     }
-    run_settings.check(str(tmp_path / "old.ckpt"), ours)  # nothing to compare with: accepted
+    Checkpoint(tmp_path / "old.ckpt").check_settings(ours)  # nothing to compare with: accepted
+
+
+def test_resume_source_is_the_checkpoint_lightning_will_load(make_cfg, tmp_path, monkeypatch):
+    assert resume_source(make_cfg()) is None
+    given = tmp_path / "x.ckpt"
+    assert resume_source(make_cfg(f"ckpt_path={given}")) == given
+    last = resume_source(make_cfg("ckpt_path=last"))
+    assert last == tmp_path / "checkpoints" / "last.ckpt"
+    for n in (2, 10):  # Lightning's SLURM requeue checkpoints: the highest number wins
+        (tmp_path / f"hpc_ckpt_{n}.ckpt").touch()
+    assert resume_source(make_cfg("ckpt_path=hpc")) == tmp_path / "hpc_ckpt_10.ckpt"
+    assert resume_source(make_cfg()) is None  # not on SLURM: Lightning ignores them
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "job")
+    assert resume_source(make_cfg()) == tmp_path / "hpc_ckpt_10.ckpt"

@@ -64,37 +64,36 @@ def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tm
 
     from cifar_amp import build
     from cifar_amp.errors import UserError
-    from cifar_amp.reliability.preflight import check_run_dir
+    from cifar_amp.runs import claim
 
     for k, v in SLURM_ENV.items():
         monkeypatch.setenv(k, v)
-    env = build.trainer(
-        make_cfg(), callbacks=[], loggers=[]
-    )._accelerator_connector.cluster_environment
+    env = build.trainer(make_cfg())._accelerator_connector.cluster_environment
     assert (
         isinstance(env, SLURMEnvironment)
         and env.auto_requeue
         and env.requeue_signal == signal.SIGUSR1
     )
     (tmp_path / "config.yaml").write_text("{}")
-    with pytest.raises(UserError):  # a used dir with nothing to resume from
-        check_run_dir(str(tmp_path), None)
+    with pytest.raises(UserError), claim(str(tmp_path), resuming=False):
+        pass  # a used dir with nothing to resume from
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")  # written by Lightning on the requeue signal
-    check_run_dir(str(tmp_path), None)
+    with claim(str(tmp_path), resuming=False):
+        pass
 
 
 def test_a_run_dir_in_use_is_refused_until_its_run_ends(tmp_path):
     from cifar_amp.errors import UserError
-    from cifar_amp.reliability.run_dirs import claim
+    from cifar_amp.runs import claim
 
-    with claim(str(tmp_path), None):
-        with pytest.raises(UserError) as e, claim(str(tmp_path), None):
+    with claim(str(tmp_path), resuming=False):
+        with pytest.raises(UserError) as e, claim(str(tmp_path), resuming=True):
             pass
         assert str(e.value) == (
             f"run dir {tmp_path} is in use by another run (it holds {tmp_path / '.lock'}); "
             "wait for that run to end or pick a new hydra.run.dir"
         )
-    with claim(str(tmp_path), None):  # released on exit
+    with claim(str(tmp_path), resuming=True):  # released on exit
         pass
 
 

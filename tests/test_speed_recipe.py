@@ -3,6 +3,7 @@ and a smoke run of the experiment (the benchmark commands' own tests: bench/test
 
 from __future__ import annotations
 
+import functools
 import json
 
 import lightning as L
@@ -13,16 +14,18 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import DataLoader
 
-from cifar_amp import metrics, tta
-from cifar_amp.callbacks import EMA, PatchWhitening, timing
-from cifar_amp.callbacks.whitening import patches
+from cifar_amp import build, metrics, tta
+from cifar_amp import diagnostics as D
 from cifar_amp.data import Augment as AugmentConfig
-from cifar_amp.data import augment
-from cifar_amp.data.device_batches import DeviceBatches
+from cifar_amp.data import DeviceBatches, augment
 from cifar_amp.errors import UserError
+from cifar_amp.evaluation import evaluate
 from cifar_amp.module import ImageClassifier
+from cifar_amp.speedrun import EMA, PatchWhitening, patches
 from cifar_amp.training import train
 from conftest import compose_cfg, requires_cuda
+from test_host_sync import STEPS, _watch, unexplained
+from test_resume import assert_same_weights, comparable, resume_mid_epoch
 
 
 def correlated_images(n: int = 64, seed: int = 0) -> torch.Tensor:
@@ -53,7 +56,7 @@ def test_whitening_layer_whitens_the_patches_it_was_fit_to():
 
 def test_whitening_rejects_a_layer_it_cannot_whiten():
     module = ImageClassifier(
-        {"_target_": "cifar_amp.models.SpeedNet", "stem_width": 8, "widths": [8]}, 10
+        {"_target_": "cifar_amp.models.speednet.SpeedNet", "stem_width": 8, "widths": [8]}, 10
     )
     with pytest.raises(UserError, match="between 12 and 24"):
         PatchWhitening().conv(module)
@@ -116,7 +119,7 @@ def test_tta_averages_the_views_it_claims():
 def test_module_tests_with_tta_and_validates_without_unless_asked():
     torch.manual_seed(0)
     kw = dict(
-        net={"_target_": "cifar_amp.models.SmallCNN", "width": 4, "hidden": 8},
+        net={"_target_": "cifar_amp.models.small_cnn.SmallCNN", "width": 4, "hidden": 8},
         num_classes=10,
         tta="flip",
     )
@@ -232,24 +235,50 @@ def test_ema_keeps_lightnings_averages_and_checkpoint(tmp_path, use_buffers):
     )
 
 
-def test_train_timer_counts_warmup_at_the_later_steps_pace(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
-    timer = timing.TrainTimer()
-    trainer = type("T", (), {"sanity_checking": False})()
-    module = type("M", (), {"device": torch.device("cpu")})()
-    timer.on_train_start(trainer, module)
-    timer.on_train_epoch_start(trainer, module)
-    for step in range(8):  # 3 warm-up steps of 10 s, then 5 of 1 s; validation after step 5
-        timer.on_train_batch_start(trainer, module, None, step)
-        now[0] += 10 if step < timing.WARMUP_STEPS else 1
-        timer.on_train_batch_end(trainer, module, None, None, step)
-        if step == 5:
-            timer.on_validation_start(trainer, module)
-            now[0] += 100  # not training time
-    timer.on_train_epoch_end(trainer, module)
-    assert timer.train_seconds == 8.0  # 5 s + 3 warm-up steps at 1 s
-    assert timer.warmup_excess_seconds == 27.0
+# The speed-run recipe, small, with the EMA of the weights running from the second step.
+EMA_RECIPE = ("experiment=speedrun", "model.widths=[8,8,8]", "data.batch_size=16")
+EMA_RECIPE += ("callbacks.ema.update_starting_at_step=1",)
+
+
+def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy_with_ema(make_cfg, tmp_path):
+    """With EMA too: the final test scores the averaged weights, as eval.py does."""
+    result = train(make_cfg(*EMA_RECIPE, "trainer.max_epochs=2", f"run_dir={tmp_path}/train"))
+    ckpt = result["tested_ckpt"]
+    assert ckpt and "best" in ckpt
+    again = evaluate(make_cfg(f"ckpt_path={ckpt}", f"run_dir={tmp_path}/eval", config_name="eval"))
+    assert again[metrics.TEST_ACC] == result[metrics.TEST_ACC]
+    assert again[metrics.TEST_LOSS] == pytest.approx(result[metrics.TEST_LOSS], rel=1e-6)
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+class KeepRawWeights(L.Callback):
+    """The trained (not averaged) weights at the end of the last epoch."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.weights = {k: v.clone() for k, v in pl_module.state_dict().items()}
+
+
+def test_ema_runs_last_checkpoint_keeps_the_trained_weights_to_train_on(make_cfg, tmp_path):
+    """The final last.ckpt is written after the EMA has put the average into the module; a
+    resume that trains longer must still continue from the trained weights."""
+    keep = KeepRawWeights()
+    cfg = make_cfg(*EMA_RECIPE, "trainer.max_epochs=2", "test=false")
+    dm = build.datamodule(cfg)
+    module = build.module(cfg, dm.num_classes)
+    callbacks = [*build.callbacks(cfg), keep]
+    build.trainer(cfg, callbacks=callbacks).fit(module, datamodule=dm)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    raw, averaged = ckpt["current_model_state"], ckpt["state_dict"]
+    for k, v in keep.weights.items():
+        if k.startswith("net."):
+            assert torch.equal(raw[k], v), k
+    assert not all(torch.equal(raw[k], averaged[k]) for k in keep.weights if k.startswith("net."))
+
+
+def test_resume_mid_epoch_with_ema_matches_uninterrupted_run(make_cfg, tmp_path):
+    a, b = resume_mid_epoch(functools.partial(make_cfg, *EMA_RECIPE), tmp_path)
+    assert_same_weights(a, b)  # the averaged weights, the raw ones and the averaging state
+    assert comparable(a) == comparable(b)
 
 
 def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
@@ -294,8 +323,8 @@ def test_speedrun_gpu_recipe_trains_on_cpu_shrunk(make_cfg, tmp_path):
     ckpt = torch.load(last, map_location="cpu", weights_only=False)
     assert ckpt["epoch"] == 1 and result[metrics.EPOCHS] == 2  # written at the end of the last
     assert "current_model_state" in ckpt  # the EMA average is the state_dict
-    assert 0 < result[metrics.TRAIN_SECONDS] < result[metrics.FIT_SECONDS]
-    assert metrics.COMPILE_SECONDS not in result  # compile off
+    assert 0 < result[D.TRAIN_SECONDS] < result[metrics.FIT_SECONDS]
+    assert D.COMPILE_SECONDS not in result  # compile off
     assert json.loads((tmp_path / "metrics.json").read_text()) == result
 
 
@@ -312,7 +341,61 @@ def test_speedrun_gpu_recipe_trains_compiled_on_a_gpu(make_cfg, tmp_path, mode):
             "callbacks.ema.update_starting_at_step=2",
         )
     )
-    assert result[metrics.COMPILE_SECONDS] is not None and result[metrics.TRAIN_SECONDS] > 0
+    assert result[D.COMPILE_SECONDS] >= 0 and result[D.TRAIN_SECONDS] > 0
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0 and result["epochs"] == 2
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+# The EMA updates at every step, so that the window of watched steps sees its updates.
+SMALL_SPEEDRUN = (
+    "model.widths=[8,8,8]",
+    "data.batch_size=16",
+    "callbacks.ema.update_starting_at_step=0",
+)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("experiment=speedrun",), ("experiment=speedrun_gpu", "module.compile=false")],
+    ids=["speedrun", "speedrun_gpu"],
+)
+def test_the_recipes_training_steps_read_nothing_on_the_host(make_cfg, monkeypatch, overrides):
+    watch = _watch(make_cfg, monkeypatch, "trainer.max_epochs=1", *overrides, *SMALL_SPEEDRUN)
+    bad = unexplained(watch.found)
+    assert not bad, "host reads in training steps:\n" + "\n".join(bad)
+
+
+def test_lightning_ema_reads_the_host_at_each_update(make_cfg, monkeypatch):
+    """Why callbacks.EMA exists: Lightning's EMAWeightAveraging (through torch's AveragedModel)
+    reads the update count on the host twice per update. If this fails, it no longer does."""
+    lightning_ema = "callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging"
+    watch = _watch(make_cfg, monkeypatch, "experiment=speedrun", lightning_ema, *SMALL_SPEEDRUN)
+    bad = unexplained(watch.found)
+    assert len(bad) == 2 * STEPS and all("update_parameters" in b for b in bad)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("module.compile=false",),
+        (),
+        ("module.compile_mode=reduce-overhead",),
+    ],
+    ids=["eager", "compiled", "reduce-overhead"],
+)
+def test_speedrun_gpu_steps_make_no_cuda_sync(make_cfg, monkeypatch, overrides):
+    watch = _watch(
+        make_cfg,
+        monkeypatch,
+        "trainer=gpu",
+        "trainer.max_epochs=1",
+        "experiment=speedrun_gpu",
+        *overrides,
+        *SMALL_SPEEDRUN,
+        cuda=True,
+    )
+    bad = unexplained(watch.found)
+    assert not bad, "CUDA syncs in training steps:\n" + "\n".join(bad)

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from cifar_amp import build, metrics
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.evaluation import evaluate
-from cifar_amp.models import Timm
+from cifar_amp.models.timm_net import Timm
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
 

@@ -7,6 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench import aggregate
+from cifar_amp import diagnostics as D
 from cifar_amp import metrics
 from cifar_amp.training import train
 from conftest import REPO, make_cfg, tiny_data
@@ -51,7 +52,7 @@ def test_aggregate_tables_every_job(sweep):
     assert [r["precision"] for r in rows] == ["32-true", "bf16-mixed", "16-true"]
     assert [r["model.activation_checkpointing"] for r in rows] == ["0", "1", "0"]
     assert "trainer.max_epochs" not in rows[0]  # the same in every job: stated once, not a column
-    assert float(rows[1][metrics.TEST_ACC]) >= 0 and float(rows[0][metrics.IMAGES_PER_SEC]) > 0
+    assert float(rows[1][metrics.TEST_ACC]) >= 0 and float(rows[0][D.IMAGES_PER_SEC]) > 0
     assert [r["status"] for r in rows] == ["ok", "ok", "no metrics.json"] and rows[2][
         metrics.TEST_ACC
     ] == ""

@@ -4,14 +4,13 @@ and loader commands run at a tiny size."""
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from bench import framework, loader_speed, reference_loop
-from cifar_amp import schedules
 from cifar_amp.data import Augment, DeviceBatches
 from cifar_amp.module import ImageClassifier
 from conftest import tiny_data
@@ -34,7 +33,9 @@ def test_reference_loop_reaches_the_same_weights_as_lightning():
     torch.manual_seed(0)
     # The module's default optimizer and OneCycle schedule.
     module = ImageClassifier(
-        {"_target_": "cifar_amp.models.SpeedNet", "widths": [8, 8, 16]}, 10, label_smoothing=0.2
+        {"_target_": "cifar_amp.models.speednet.SpeedNet", "widths": [8, 8, 16]},
+        10,
+        label_smoothing=0.2,
     )
     net = copy.deepcopy(module.net)
     try:
@@ -49,9 +50,9 @@ def test_reference_loop_reaches_the_same_weights_as_lightning():
         ).fit(module, train_dataloaders=batches)
     finally:
         torch.use_deterministic_algorithms(False)  # Lightning sets it process-wide
-    opt = module.optimizer_factory(params=net.parameters())
-    run = SimpleNamespace(estimated_stepping_batches=2 * len(batches))  # the Trainer's answer
-    sched = schedules.build(module.scheduler_factory, opt, run)  # as configure_optimizers does
+    # As configure_optimizers builds them, for the Trainer's number of steps.
+    opt = instantiate(module.hparams.optimizer, params=net.parameters())
+    sched = instantiate(module.hparams.scheduler, optimizer=opt, total_steps=2 * len(batches))
     reference_loop.fit(net, batches, opt, sched, epochs=2, label_smoothing=0.2)
     for (name, a), b in zip(
         module.net.state_dict().items(), net.state_dict().values(), strict=True

@@ -2,19 +2,21 @@
 
 Each error a constructor raises is reported by the config key it came from, on one line.
 Values that one part decides for another are passed here and nowhere else: the number of
-classes (data -> model), the memory layout (precision -> module, data), the run dir.
+classes (data -> model), the memory layout (the Trainer's device and the precision -> module,
+data), the run dir, the tracker runs a resume continues (checkpoint -> loggers).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import os
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.strategies import DDPStrategy
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
@@ -43,48 +45,8 @@ def build(node: Any, key: str, recursive: bool = True, **kwargs) -> Any:
         raise UserError(f"cannot build {key}: {type(cause).__name__}: {cause}") from e
 
 
-def device_type(cfg: DictConfig) -> str:
-    """The torch device type the run will train on ("cuda" or "cpu")."""
-    acc = str(cfg.trainer.accelerator)
-    if acc in ("gpu", "cuda"):
-        return "cuda"
-    if acc == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cpu"
-
-
 def precision(cfg: DictConfig) -> Precision:
     return build(cfg.precision, "precision")
-
-
-def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataModule:
-    # A user's DataModule need not know about memory layouts; ours lays batches out once.
-    target = get_class(cfg.data._target_)
-    takes_layout = "channels_last" in inspect.signature(target).parameters
-    if channels_last and not takes_layout:
-        log.warning(
-            "Layout: the network is channels_last, but %s takes no channels_last argument: "
-            "its batches keep the layout it gives them",
-            target.__name__,
-        )
-    return build(cfg.data, "data", **({"channels_last": channels_last} if takes_layout else {}))
-
-
-def module(
-    cfg: DictConfig, num_classes: int, channels_last: bool = False, data_meta: dict | None = None
-) -> ImageClassifier:
-    # The model's config, not the model: the module builds it and saves it in checkpoints.
-    # Not recursive: Hydra would build `net` without `num_classes`; the module builds it (and
-    # its optimizer partials) itself.
-    return build(
-        cfg.module,
-        "module",
-        recursive=False,
-        net=_plain(cfg.model),
-        num_classes=num_classes,
-        channels_last=channels_last,
-        data_meta=data_meta,
-    )
 
 
 def callbacks(cfg: DictConfig) -> list[L.Callback]:
@@ -94,55 +56,94 @@ def callbacks(cfg: DictConfig) -> list[L.Callback]:
     return out
 
 
-def loggers(cfg: DictConfig, resume: dict[str, dict] | None = None) -> list:
-    """The `logger` group; `resume`: config key -> arguments that continue a tracked run
-    (tracking.resume_kwargs)."""
-    resume = resume or {}
-    return [
-        build(c, f"logger.{k}", **resume.get(k, {}))
-        for k, c in (cfg.get("logger") or {}).items()
-        if c
-    ]
+def loggers(cfg: DictConfig, versions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `logger` group, by config key. A logger whose constructor takes `version` gets the
+    version (run id) `versions` has for its key: a resume continues the tracked run."""
+    out = {}
+    for key, node in (cfg.get("logger") or {}).items():
+        if not node:
+            continue
+        takes = "version" in inspect.signature(get_class(node._target_)).parameters
+        kwargs = {"version": versions[key]} if takes and key in (versions or {}) else {}
+        if kwargs:
+            log.info("Resuming: logger.%s continues run %s", key, kwargs["version"])
+        out[key] = build(node, f"logger.{key}", **kwargs)
+    return out
 
 
 def trainer(
-    cfg: DictConfig,
-    prec: Precision | None = None,
-    callbacks: list | None = None,
-    loggers: list | None = None,
-    **overrides,
+    cfg: DictConfig, prec: Precision | None = None, callbacks=(), loggers=(), **overrides
 ) -> L.Trainer:
-    """The Trainer of `cfg.trainer`, with the precision's plugins, the callbacks and loggers
-    built from their groups, and the run dir as root; `overrides` win over the config."""
-    t = cfg.trainer
-    prec = prec or precision(cfg)
-    device = device_type(cfg)
-    prec.apply_tf32(device)
-    kwargs = prec.trainer_kwargs(device)
-    plugins = [build(p, "trainer.plugins") for p in (t.get("plugins") or [])]
-    kwargs["plugins"] = [*plugins, *kwargs.get("plugins", [])]
+    """The Trainer of `cfg.trainer` with the precision set up for the device it chose, the
+    callbacks and loggers, and the run dir as root; `overrides` win over the config."""
+    t, prec = cfg.trainer, prec or precision(cfg)
     clip = t.get("gradient_clip_val")
     if clip is not None and clip < 0:
         raise UserError(f"invalid config value for trainer.gradient_clip_val: {clip}; must be >= 0")
     if t.get("accumulate_grad_batches", 1) < 1:
         raise UserError("invalid config value for trainer.accumulate_grad_batches: must be >= 1")
+    fused = OmegaConf.select(cfg, "module.optimizer.fused", default=None)
+    if clip and fused and prec.name in ("16-mixed", "bf16-mixed"):
+        # A fused optimizer unscales the gradients inside its step: there is no point at which
+        # they could be clipped (Lightning would stop at the first step).
+        raise UserError(
+            f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
+            f"precision={prec.name}: the fused optimizer unscales the gradients inside its step, "
+            "so they cannot be clipped before it; drop one of the two (32-true clips with it)"
+        )
     # cudnn autotuning: on unless the run must be deterministic (null in the config)
-    benchmark = t.get("benchmark")
-    kwargs["benchmark"] = (not t.get("deterministic")) if benchmark is None else benchmark
-    trainer = build(
+    benchmark = (not t.get("deterministic")) if t.get("benchmark") is None else t.benchmark
+    made = build(
         t,
         "trainer",
-        **kwargs,
-        callbacks=callbacks or [],
-        logger=loggers or False,
+        precision=prec.trainer_precision,
+        benchmark=benchmark,
+        callbacks=list(callbacks),
+        logger=list(loggers) or False,
         default_root_dir=cfg.run_dir,
         **overrides,
     )
-    log.info("Precision: %s", prec.describe(trainer))
-    return trainer
+    device, cores = made.strategy.root_device.type, os.cpu_count() or 1
+    if device == "cpu" and made.num_devices > cores:
+        raise UserError(
+            f"trainer.devices={t.devices}: only {cores} CPU core(s) here; valid: 1..{cores}, -1 (all) or auto"
+        )
+    if device == "cpu" and isinstance(made.strategy, DDPStrategy) and made.world_size == 1:
+        raise UserError(
+            f"trainer.strategy={t.strategy} with trainer.devices={t.devices} on CPU is a single "
+            "process, so there is nothing to distribute; use trainer=ddp_cpu (2 processes), "
+            "trainer.devices=N, or trainer.strategy=auto"
+        )
+    prec.setup(made)
+    return made
 
 
-def _plain(node: Any) -> dict:
-    return (
-        OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataModule:
+    # A user's DataModule need not know about memory layouts; ours lays batches out once.
+    target = get_class(cfg.data._target_)
+    if "channels_last" in inspect.signature(target).parameters:
+        return build(cfg.data, "data", channels_last=channels_last)
+    if channels_last:
+        log.warning(
+            "Layout: the network is channels_last, but %s takes no channels_last argument: "
+            "its batches keep the layout it gives them",
+            target.__name__,
+        )
+    return build(cfg.data, "data")
+
+
+def module(
+    cfg: DictConfig, num_classes: int, channels_last: bool = False, data_meta=None
+) -> ImageClassifier:
+    # Not recursive: `net`, `optimizer` and `scheduler` stay configs. The module builds the
+    # network (and saves its config in checkpoints) and configure_optimizers the others.
+    net = OmegaConf.to_container(cfg.model, resolve=True)
+    return build(
+        cfg.module,
+        "module",
+        recursive=False,
+        net=net,
+        num_classes=num_classes,
+        channels_last=channels_last,
+        data_meta=data_meta,
     )

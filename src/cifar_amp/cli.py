@@ -18,48 +18,72 @@ from pathlib import Path
 from typing import Any, Callable
 
 import hydra
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from cifar_amp import config
-from cifar_amp.errors import EXIT_CODE, UserError
+from cifar_amp.errors import EXIT_CODE, REPORTED, fail, one_line, reported
 
 log = logging.getLogger(__name__)
-
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ERROR_FILE = "error.txt"  # in a failed sweep job's directory
 SWEEP_FLAGS = ("-m", "--multirun")
 
 
-def main(task: Callable[[DictConfig], Any], config_dir: Path, config_name: str) -> None:
-    """Check the command line, then run `task` under Hydra with `configs/<config_name>.yaml`."""
-    config.register()
-    check_overrides(sys.argv[1:], config_dir, config_name)
-    hydra.main(version_base="1.3", config_path=str(config_dir.resolve()), config_name=config_name)(
-        job(task)
-    )()
+def main(task: Callable[[DictConfig], Any], name: str, schema: type | None = None) -> None:
+    """Check the command line, then run `task` under Hydra with `configs/<name>.yaml` (whose
+    first default is `<name>_schema`: `schema`, or the core's TrainConfig / EvalConfig)."""
+    config.register(CONFIGS, {name: schema} if schema else None)
+    check_overrides(sys.argv[1:], CONFIGS, name)
+    hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=name)(job(task))()
 
 
 def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
-    """UserError (and Lightning's MisconfigurationException) -> one line; exit 2 in a single
-    run, a failed job (NaN to the sweeper, `error.txt` in its dir) in a sweep."""
+    """One Hydra job. A UserError (or Lightning's MisconfigurationException) is one line: exit
+    2 in a single run; in a sweep the job fails alone (NaN to the sweeper, `error.txt`).
+
+    Under DDP, Lightning starts ranks > 0 by re-running ``sys.argv`` with ``hydra.run.dir=<the
+    job's dir>`` (lightning.fabric.strategies.launchers.subprocess_script). In a multirun that
+    argv still holds ``-m`` and the sweep, so each child would run the whole sweep again; and
+    the next job would find this one's process group and the LOCAL_RANK Lightning exported
+    (which says that someone else starts the ranks). So children re-run exactly this job, and
+    the process group and the environment end with it."""
 
     @functools.wraps(task)
     def run(cfg: DictConfig):
+        # Lightning, imported before Hydra set up logging, logs to a stderr handler of its own:
+        # hand its records to Hydra's instead (the console and the run's log file), so that
+        # stderr holds the errors.
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            logging.getLogger(name).handlers.clear()
+            logging.getLogger(name).propagate = True
+        hc = HydraConfig.get() if HydraConfig.initialized() else None
+        sweeping = hc is not None and hc.mode == RunMode.MULTIRUN
+        env = dict(os.environ)
+        if sweeping:  # the job's own overrides (the sweeper's choices too); RUN beats `-m`
+            sys.argv = [sys.argv[0], *hc.overrides.task, "hydra.mode=RUN"]
+            with read_write(hc.run):
+                hc.run.dir = hc.runtime.output_dir
         try:
+            if not sweeping:
+                with reported():
+                    return task(cfg)
             return task(cfg)
-        except (UserError, MisconfigurationException) as e:
+        except REPORTED as e:  # a sweep's job
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            msg = str(e).strip().replace("\n", " ")
-            log.error("%s", msg)
-            hc = HydraConfig.get() if HydraConfig.initialized() else None
-            if hc is None or hc.mode != RunMode.MULTIRUN:
-                _fail(msg)
-            Path(hc.runtime.output_dir, ERROR_FILE).write_text(msg + "\n")
+            Path(hc.runtime.output_dir, ERROR_FILE).write_text(one_line(e) + "\n")
+            log.error("%s", one_line(e))
             return math.nan
+        finally:
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+            if sweeping:
+                os.environ.clear()
+                os.environ.update(env)
 
     return run
 
@@ -73,7 +97,8 @@ class SweepSummary(Callback):
         if not failed:
             return
         jobs = {
-            p.parent.parent.name: _read_overrides(p) for p in root.glob("*/.hydra/overrides.yaml")
+            p.parent.parent.name: [str(o) for o in OmegaConf.load(p)]
+            for p in root.glob("*/.hydra/overrides.yaml")
         }
         varying = set.union(set(), *jobs.values()) - set.intersection(*map(set, jobs.values()))
         lines = []
@@ -87,17 +112,6 @@ class SweepSummary(Callback):
         sys.exit(EXIT_CODE)
 
 
-def _read_overrides(path: Path) -> list[str]:
-    from omegaconf import OmegaConf
-
-    return [str(o) for o in OmegaConf.load(path)]
-
-
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(EXIT_CODE)
-
-
 def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None:
     """Exit 2 with one line for an override that cannot compose, before Hydra runs.
 
@@ -106,12 +120,10 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None
     tried once. Other flags (--cfg, --help, ...) and malformed overrides are left to Hydra.
     """
     _check_group_choices(argv, config_dir)
-    flags = [a for a in argv if a.startswith("-")]
-    if any(f not in SWEEP_FLAGS for f in flags):
+    if any(a.startswith("-") and a not in SWEEP_FLAGS for a in argv):
         return
-    argv = [a for a in argv if not a.startswith("-")]
     try:
-        jobs = _one_job_per_value(argv)
+        jobs = _one_job_per_value([a for a in argv if not a.startswith("-")])
     except Exception:  # unparsable: Hydra reports it in its own words
         return
     for job_argv in jobs:
@@ -124,9 +136,8 @@ def _one_job_per_value(argv: list[str]) -> list[list[str]]:
     interval) are left out, as the sweeper will choose them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(argv)
     values: list[list[str]] = []
-    for arg, o in zip(argv, parsed, strict=True):
+    for arg, o in zip(argv, OverridesParser.create().parse_overrides(argv), strict=True):
         if not o.is_sweep_override():
             values.append([arg])
             continue
@@ -135,24 +146,20 @@ def _one_job_per_value(argv: list[str]) -> list[list[str]]:
             values.append([f"{prefix}={v}" for v in o.sweep_string_iterator()])
         except Exception:
             values.append([])
-    first = [v[0] for v in values if v]
-    jobs = [first]
+    values = [v for v in values if v]
+    jobs = [[v[0] for v in values]]
     for i, v in enumerate(values):
-        for other in v[1:]:
-            job = [vv[0] for vv in values if vv]
-            job[sum(1 for vv in values[:i] if vv)] = other
-            jobs.append(job)
+        jobs += [[*jobs[0][:i], other, *jobs[0][i + 1 :]] for other in v[1:]]
     return jobs
 
 
 def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
-    from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     def composed(overrides):
-        with initialize_config_dir(str(config_dir.resolve()), version_base="1.3"):
+        with initialize_config_dir(str(config_dir), version_base="1.3"):
             return compose(config_name, overrides=overrides)
 
     try:
@@ -167,19 +174,20 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
         return
     bad = next((a for a in argv if a.lstrip("+~").startswith(key)), "")
     if isinstance(cause, ValidationError):
-        _fail(f"{bad or key}: {str(cause.msg).splitlines()[0]}")
+        fail(f"{bad or key}: {str(cause.msg).splitlines()[0]}")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         parent, _, name = key.rpartition(".")
         try:
-            cfg = composed([a for a in argv if a != bad])
-            node = OmegaConf.select(cfg, parent) if parent else cfg
+            node = composed([a for a in argv if a != bad])
+            node = OmegaConf.select(node, parent) if parent else node
             valid = sorted(str(k) for k in node.keys())
         except Exception:
             valid = []
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f"did you mean {(parent + '.') if parent else ''}{close[0]}? " if close else ""
-        where = parent or "the config"
-        _fail(f"{key} is not a config key; {hint}valid keys of {where}: {', '.join(valid)}")
+        fail(
+            f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}: {', '.join(valid)}"
+        )
 
 
 def _check_group_choices(argv: list[str], config_dir: Path) -> None:
@@ -201,4 +209,4 @@ def _check_group_choices(argv: list[str], config_dir: Path) -> None:
         # `a,b` is a sweep, `[a,b]` several options of the group merged (callbacks=[default,rich])
         for choice in (c.strip() for c in value.strip("[]").split(",")):
             if choice not in valid and choice != "null":
-                _fail(f"{key}={choice} is not an option; valid: {', '.join(valid)}")
+                fail(f"{key}={choice} is not an option; valid: {', '.join(valid)}")

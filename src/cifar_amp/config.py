@@ -1,12 +1,16 @@
 """Config schemas, generated from the constructors they configure.
 
 A constructor's signature is its schema: :func:`schema` turns it into a dataclass (`_target_`
-plus every keyword argument, typed, with the code's default), which :func:`register` puts in
-Hydra's ConfigStore as ``schema/<group>/<Name>``. A group's YAML starts from it
-(``defaults: [/schema/model/SpeedNet@_here_]``) and holds only what differs, so
-``model.<arg>=...`` works without ``+`` and a typo or a wrong type fails at composition.
-Range checks live in the constructors, beside the defaults; the builders (build.py) report
-them by config key. The Trainer's schema comes from ``lightning.Trainer.__init__`` itself.
+plus every keyword argument, typed, with the code's default). A group's YAML starts from the
+schema of the class it builds, named by its import path::
+
+    defaults:
+      - /schema/cifar_amp.models.speednet.SpeedNet@_here_
+
+and holds only what differs. :func:`register` finds those lines in the YAML files and stores
+each schema in Hydra's ConfigStore, so adding a model or a DataModule takes its class and its
+YAML, and nothing else. ``model.<arg>=...`` then works without ``+``, and a typo or a wrong type
+fails at composition. Range checks live in the constructors; build.py reports them by key.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import secrets
 import types
 import typing
@@ -21,27 +26,31 @@ from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import lightning
-import torch
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_object
 from omegaconf import MISSING, OmegaConf
 
 from cifar_amp import metrics
 
 RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
+# By config group: the arguments build.py passes, decided by another part (the number of classes
+# by the data, the layout by the precision, ...), so not settings of their own.
+PASSED_BY_BUILD = {
+    "model": ("num_classes",),
+    "data": ("channels_last",),
+    "module": ("net", "num_classes", "channels_last", "data_meta"),
+    "trainer": ("precision", "callbacks", "logger", "default_root_dir"),
+}
+SCHEMA_LINE = re.compile(r"^\s*-\s*/schema/([\w.]+)@_here_\s*(?:#.*)?$", re.M)
 _PLAIN = (int, float, bool, str)
 
-# Trainer arguments set by the template itself, not by `trainer.*`: precision comes from the
-# `precision` group, callbacks and loggers from theirs, the root dir is the run dir.
-TRAINER_SET_BY_TEMPLATE = ("precision", "callbacks", "logger", "default_root_dir")
-# Where the template's Trainer defaults differ from Lightning's (documented in
-# configs/trainer/default.yaml's header).
-TRAINER_DEFAULTS = {
-    "max_epochs": 10,
-    "num_sanity_val_steps": 0,
-    # Checkpoints are written atomically (temp file + fsync + rename): see reliability/.
-    "plugins": [{"_target_": "cifar_amp.reliability.atomic_io.AtomicCheckpointIO"}],
-}
+
+@dataclass(frozen=True)
+class Nested:
+    """`Annotated[dict, Nested(cls)]`: the argument is a node of `cls`'s own arguments."""
+
+    target: Any
+    exclude: tuple[str, ...] = ()
 
 
 def _field_type(hint: Any) -> Any:
@@ -58,59 +67,42 @@ def _field_type(hint: Any) -> Any:
     return Any
 
 
-def _default(value: Any) -> Any:
-    """A constructor default as config: partials become `_partial_` nodes, tuples lists."""
-    if isinstance(value, functools.partial):
-        fn = value.func
-        return {
-            "_target_": f"{fn.__module__}.{fn.__qualname__}",
-            "_partial_": True,
-            **value.keywords,
-        }
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
-def schema(
-    target: Any,
-    exclude: tuple[str, ...] = (),
-    defaults: dict[str, Any] | None = None,
-    with_target: bool = True,
-    nested: dict[str, type] | None = None,
-) -> type:
-    """A dataclass schema for `target`'s keyword arguments (see the module docstring).
-
-    `exclude`: arguments the builders pass at run time (e.g. `num_classes`, decided by the
-    data). `defaults`: where the template's default differs from the constructor's.
-    """
-    defaults, nested = defaults or {}, nested or {}
+def schema(target: Any, exclude: tuple[str, ...] = (), with_target: bool = True) -> type:
+    """A dataclass of `target`'s keyword arguments: `_target_`, then each argument, typed, with
+    its default (a required one is MISSING: the YAML or the user sets it)."""
     fn = target.__init__ if inspect.isclass(target) else target
-    hints = typing.get_type_hints(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)
     fields: list[tuple] = []
     if with_target:
         path = f"{target.__module__}.{target.__qualname__}"
         fields.append(("_target_", str, field(default=path)))
     for name, p in inspect.signature(target).parameters.items():
-        if name in exclude or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if (
+            name in exclude
+            or name in PASSED_BY_BUILD
+            or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ):
             continue
-        if name in nested:
-            fields.append((name, nested[name], field(default_factory=nested[name])))
+        hint = hints.get(name, Any)
+        nested = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Nested)), None)
+        if nested:
+            sub = schema(nested.target, nested.exclude, with_target=False)
+            fields.append((name, sub, field(default_factory=sub)))
             continue
-        typ = _field_type(hints.get(name, Any))
-        if name in defaults:
-            value = defaults[name]
-            typ = Any if isinstance(value, (dict, list)) else typ
-        elif p.default is inspect.Parameter.empty:  # required: the YAML or the user sets it
+        if typing.get_origin(hint) is typing.Annotated:
+            hint = typing.get_args(hint)[0]
+        typ, value = _field_type(hint), p.default
+        if value is inspect.Parameter.empty:
             fields.append((name, typ, field(default=MISSING)))
             continue
-        else:
-            value = _default(p.default)
+        if name == "seed":  # one seed for the whole run: the top-level `seed`
+            typ, value = Any, "${seed}"
+        value = list(value) if isinstance(value, tuple) else value
+        value = dict(value) if isinstance(value, typing.Mapping) else value
         if isinstance(value, (dict, list)) and not dataclasses.is_dataclass(typ):
             typ = Any
-        fields.append((name, typ, field(default_factory=lambda v=value: v)))
-    name = getattr(target, "__name__", "Target")
-    return make_dataclass(f"{name}Schema", fields)
+        fields.append((name, typ, field(default_factory=functools.partial(lambda v: v, value))))
+    return make_dataclass(f"{getattr(target, '__name__', 'Target')}Schema", fields)
 
 
 @dataclass
@@ -118,7 +110,7 @@ class TrainConfig:
     """The top of `configs/train.yaml`; each part is a `_target_` node built by build.py."""
 
     data: Any = None  # a LightningDataModule (configs/data/)
-    model: Any = None  # a plain nn.Module (configs/model/); saved in every checkpoint
+    model: Any = None  # a plain nn.Module (configs/model/); its config is saved in checkpoints
     module: Any = None  # the LightningModule around the model (configs/module/)
     precision: Any = None  # cifar_amp.precision.Precision (configs/precision/)
     trainer: Any = None  # lightning.Trainer arguments (configs/trainer/)
@@ -126,9 +118,10 @@ class TrainConfig:
     logger: Any = field(default_factory=dict)  # name -> Lightning logger
     run_dir: str = "${hydra:runtime.output_dir}"  # checkpoints, logs, metrics.json
     seed: int = 42  # seeds the split, augmentation and initialisation
-    ckpt_path: Optional[str] = None  # resume from this checkpoint
-    # Fine-tune: start a new run from this checkpoint's network weights only (finetune.py)
-    init_from: Optional[str] = None
+    ckpt_path: Optional[str] = None  # resume from this checkpoint (or `last`, `hpc`)
+    # Unpickle checkpoints as anything, not as data only: for a file you trust that holds
+    # types a checkpoint of this template never holds (checkpoints.py).
+    trust_checkpoint: bool = False
     test: bool = True  # test the best checkpoint after fit
     # Returned by train.py for sweepers (Optuna maximises it); a key of metrics.json.
     optimized_metric: str = metrics.VAL_ACC_BEST
@@ -145,79 +138,32 @@ class EvalConfig:
     run_dir: str = "${hydra:runtime.output_dir}"
     seed: int = 42
     ckpt_path: Optional[str] = None  # required: the checkpoint to test
-
-
-@dataclass
-class PredictConfig:
-    """The top of `configs/predict.yaml`: network and class names come from the checkpoint."""
-
-    precision: Any = None
-    trainer: Any = None
-    run_dir: str = "${hydra:runtime.output_dir}"  # predictions.csv
-    ckpt_path: Optional[str] = None  # required: the checkpoint to predict with
-    input: Optional[str] = None  # required: a folder of images, an image file, a CIFAR batch file
-    batch_size: int = 256  # images per forward pass
-    tta: Optional[str] = None  # test-time augmentation; null: the checkpoint's (module.tta)
-
-
-@dataclass
-class ExportConfig:
-    """The top of `configs/export.yaml`: export a checkpoint's network, verified on `input`."""
-
-    run_dir: str = "${hydra:runtime.output_dir}"
-    ckpt_path: Optional[str] = None  # required: the checkpoint to export
-    format: str = "onnx"  # onnx | torch_export
-    output: Optional[str] = None  # null: <run_dir>/model.onnx or model.pt2
-    # Real images to verify the exported model on: a folder, an image file, a CIFAR batch file.
-    input: str = "data/cifar-10-batches-py/test_batch"
-    verify_images: int = 64  # how many of them (at this batch size and at batch size 1)
-    # Exported logits must be within atol + rtol * |PyTorch's| of the PyTorch module's.
-    atol: float = 1e-4
-    rtol: float = 1e-4
-    tta: Optional[str] = None  # test-time augmentation built in; null: the checkpoint's
+    trust_checkpoint: bool = False  # as in train.yaml
 
 
 def sqlite_url(path: str) -> str:
-    """``${sqlite:<file>}`` -> a SQLAlchemy URL, creating the file's folder (SQLite does not),
-    so that the Optuna study of ``hparams_search`` can live under ``logs/`` on a fresh clone."""
+    """``${sqlite:<file>}`` -> a SQLAlchemy URL, creating the file's folder (SQLite does not)."""
     db = Path(path).expanduser().resolve()
     db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{db}"
 
 
-def register() -> None:
-    """Schemas into Hydra's ConfigStore and the YAML resolvers; called where the app starts
-    (cli.py, and the tests' compose fixture). Idempotent."""
-    from cifar_amp import data, models, module, precision
-
+def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
+    """Into Hydra's ConfigStore: the entry configs' schemas (`<name>_schema`) and the schema of
+    every class a YAML file under `config_dir` names (see the module doc); the YAML resolvers.
+    Called where the app starts (cli.py, the tests' compose fixture). Idempotent."""
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="eval_schema", node=EvalConfig)
-    cs.store(name="predict_schema", node=PredictConfig)
-    cs.store(name="export_schema", node=ExportConfig)
-    for name in models.__all__:  # num_classes: the data decides it
-        cs.store(
-            group="schema/model", name=name, node=schema(getattr(models, name), ("num_classes",))
-        )
-    for name in data.__all__:
-        cls = getattr(data, name)
-        if inspect.isclass(cls) and issubclass(cls, lightning.LightningDataModule):
-            # channels_last: the precision decides it (build.py)
-            cs.store(
-                group="schema/data",
-                name=name,
-                node=schema(cls, ("channels_last",), {"seed": "${seed}"}),
-            )
-    # net, num_classes, channels_last, data_meta: passed by build.py from model, data, precision
-    excluded = ("net", "num_classes", "channels_last", "data_meta")
-    cs.store(
-        group="schema/module", name="ImageClassifier", node=schema(module.ImageClassifier, excluded)
-    )
-    scaler = schema(torch.amp.GradScaler, ("device",), with_target=False)
-    node = schema(precision.Precision, nested={"scaler": scaler})
-    cs.store(group="schema/precision", name="Precision", node=node)
-    trainer = schema(lightning.Trainer, TRAINER_SET_BY_TEMPLATE, TRAINER_DEFAULTS)
-    cs.store(group="schema/trainer", name="Trainer", node=trainer)
+    for name, node in {"train": TrainConfig, "eval": EvalConfig, **(entries or {})}.items():
+        # Open while composing, so that an extra's config may add a top-level key of its own
+        # (`init_from`); Hydra closes the composed config, so a typo still fails.
+        base = OmegaConf.structured(node)
+        OmegaConf.set_struct(base, False)
+        cs.store(name=f"{name}_schema", node=base)
+    paths = {
+        m for f in Path(config_dir).rglob("*.yaml") for m in SCHEMA_LINE.findall(f.read_text())
+    }
+    for path in sorted(paths):
+        cs.store(group="schema", name=path, node=schema(get_object(path)))
     resolvers = {"metric": metrics.resolve, "sqlite": sqlite_url, "run_id": lambda: RUN_ID}
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):

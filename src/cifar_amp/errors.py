@@ -1,7 +1,5 @@
-"""The one exception type that means "the user asked for something we cannot do".
-
-Entry points print its message on one line and exit non-zero, without a traceback
-(set HYDRA_FULL_ERROR=1 to see one)."""
+"""What "the user asked for something we cannot do" looks like: a UserError, printed by the
+entry points on one line with exit code 2 and no traceback (HYDRA_FULL_ERROR=1 shows one)."""
 
 from __future__ import annotations
 
@@ -22,33 +20,43 @@ class UserError(Exception):
 
 
 class InvalidArgument(ValueError):
-    """Raised by a constructor for an out-of-range argument; the builder that called it
-    names the config key (``invalid config value for data.batch_size: 0; must be >= 1``)."""
+    """Raised by a constructor for an out-of-range argument; the builder that called it names
+    the config key (``invalid config value for data.batch_size: 0; must be >= 1``)."""
 
     def __init__(self, arg: str, value, rule: str) -> None:
         super().__init__(f"{arg}: {value}; {rule}")
-        self.arg = arg
 
 
 class NestedBuildError(Exception):
-    """Raised by a constructor that builds a part of its own from config (the module builds
-    the model), so that the error is reported by that part's key, not the constructor's."""
+    """Raised by a constructor that builds a part of its own (the module builds the model), so
+    that an error is reported by that part's config key."""
 
     def __init__(self, key: str, cause: Exception) -> None:
         super().__init__(f"{key}: {cause}")
         self.key = key
 
 
+# Lightning's own refusals of a configuration are one-line user errors too.
+REPORTED = (UserError, MisconfigurationException)
+
+
+def one_line(e: BaseException) -> str:
+    return str(e).strip().replace("\n", " ")
+
+
+def fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(EXIT_CODE)
+
+
 @contextlib.contextmanager
 def reported():
-    """Turn UserError (and Lightning's MisconfigurationException) into one line and exit 2."""
+    """A UserError (or Lightning's MisconfigurationException) -> one line on stderr, exit 2."""
     try:
         yield
-    except (UserError, MisconfigurationException) as e:
+    except REPORTED as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        msg = str(e).strip().replace("\n", " ")
-        if logging.getLogger().handlers:  # a run's log (train.log); else it would print twice
-            log.error("%s", msg)
-        print(f"error: {msg}", file=sys.stderr)
-        sys.exit(EXIT_CODE)
+        if logging.getLogger().handlers:  # a run's log (train.log) keeps it too
+            log.error("%s", one_line(e))
+        fail(one_line(e))

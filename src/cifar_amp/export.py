@@ -1,4 +1,5 @@
-"""Export a checkpoint's evaluation network, verified before it is written:
+"""Extra (docs/fork.md, with predict): export a checkpoint's evaluation network, verified
+before it is written. Nothing in the core imports this module.
 
     python -m cifar_amp.export ckpt_path=<ckpt> format=onnx|torch_export [output=<file>]
 
@@ -19,22 +20,42 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from cifar_amp import tta as TTA
+from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.inputs import read
-from cifar_amp.prediction import load, normaliser
+from cifar_amp.prediction import normaliser
 
 log = logging.getLogger("cifar_amp.export")  # not "__main__" under python -m
 
 SUFFIXES = {"onnx": ".onnx", "torch_export": ".pt2"}
 TRACE_BATCH = 2  # torch.export specialises sizes 0 and 1, so trace with 2 and verify others
+
+
+@dataclass
+class ExportConfig:
+    """The top of `configs/export.yaml`: export a checkpoint's network, verified on `input`."""
+
+    run_dir: str = "${hydra:runtime.output_dir}"
+    ckpt_path: Optional[str] = None  # required: the checkpoint to export
+    format: str = "onnx"  # onnx | torch_export
+    output: Optional[str] = None  # null: <run_dir>/model.onnx or model.pt2
+    # Real images to verify the exported model on: a folder, an image file, a CIFAR batch file.
+    input: str = "data/cifar-10-batches-py/test_batch"
+    verify_images: int = 64  # how many of them (at this batch size and at batch size 1)
+    # Exported logits must be within atol + rtol * |PyTorch's| of the PyTorch module's.
+    atol: float = 1e-4
+    rtol: float = 1e-4
+    tta: Optional[str] = None  # test-time augmentation built in; null: the checkpoint's
+    trust_checkpoint: bool = False  # as in train.yaml
 
 
 class EvalNet(nn.Module):
@@ -60,7 +81,9 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         raise UserError(
             f"invalid config value for verify_images: {cfg.verify_images}; must be >= 1"
         )
-    module, meta = load(cfg.ckpt_path, **({"tta": cfg.tta} if cfg.tta else {}))
+    ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
+    meta = ckpt.data_meta()
+    module = ckpt.module(**({"tta": cfg.tta} if cfg.tta else {}))
     n = module.hparams.num_classes
     if not Path(cfg.input).exists():
         raise UserError(
@@ -73,7 +96,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     images = normaliser(meta)(inputs.images[: cfg.verify_images])
     # At least 3, so that both verified batch sizes differ from the traced one.
     images = images[torch.arange(max(len(images), 3)) % len(images)]
-    net = EvalNet(module.net, module.tta, module.tta_shift).eval()
+    net = EvalNet(module.net, module.hparams.tta, module.hparams.tta_shift).eval()
     out = Path(cfg.output or Path(cfg.run_dir) / f"model{SUFFIXES[cfg.format]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     info = {
@@ -81,7 +104,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         "class_names": meta.get("class_names") or [str(i) for i in range(n)],
         "input": "images: float32 (N, 3, H, W), (pixel / 255 - mean) / std",
         "output": "logits: (N, classes); softmax gives probabilities",
-        "tta": module.tta,
+        "tta": module.hparams.tta,
     }
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")  # torch.export.load wants the suffix
     try:
@@ -92,7 +115,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     finally:
         tmp.unlink(missing_ok=True)
     log.info(
-        f"Exported {cfg.format} to {out} ({out.stat().st_size / 1e6:.1f} MB, tta={module.tta}, "
+        f"Exported {cfg.format} to {out} ({out.stat().st_size / 1e6:.1f} MB, tta={module.hparams.tta}, "
         f"dynamic batch). Verified on {min(len(inputs.names), cfg.verify_images)} image(s) of "
         f"input={cfg.input} at batch sizes {len(images)} and 1: max |logit difference| "
         f"{diff:.2e} (tolerance {cfg.atol:g} + {cfg.rtol:g} * |logit|)"
@@ -172,4 +195,4 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     from cifar_amp import cli
 
-    cli.main(main, Path(__file__).resolve().parents[2] / "configs", "export")
+    cli.main(main, "export", ExportConfig)

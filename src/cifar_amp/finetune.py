@@ -1,95 +1,95 @@
-"""Fine-tuning: a new run that starts from another run's network weights (`init_from=`).
+"""Extra (docs/fork.md): fine-tuning, a new run that starts from other weights. Nothing in the
+core imports this module; configs/finetune/default.yaml adds `init_from` and this callback.
 
-Only the network's weights are taken (with EMA, the averaged ones: those are what the
-checkpoint's state_dict holds); the optimizer, schedule, epoch, metrics and loader position
-start afresh, unlike `ckpt_path=`, which resumes a run exactly. A classification head sized
-for another number of classes is re-initialised; any other difference refuses the run.
+`init_from=<ckpt>` takes only the network's weights (with EMA, the averaged ones: those are what
+the checkpoint's state_dict holds); the optimizer, schedule, epoch, metrics and loader position
+start afresh, unlike `ckpt_path=`, which resumes a run exactly. A classification head sized for
+another number of classes is re-initialised; any other difference refuses the run.
 """
 
 from __future__ import annotations
 
 import logging
 
-from torch import Tensor, nn
+from lightning import Callback
+from torch import Tensor
 
+from cifar_amp.checkpoints import Checkpoint, mismatch
 from cifar_amp.errors import UserError
-from cifar_amp.reliability import preflight
 
 log = logging.getLogger(__name__)
 PREFIX = "net."  # the network's keys in ImageClassifier's state_dict
 
 
-def _is_head(theirs: Tensor, ours: Tensor, their_classes: int | None, num_classes: int) -> bool:
-    """A tensor that differs only in its first dimension, the number of classes."""
-    return (
-        theirs.shape[1:] == ours.shape[1:]
-        and ours.shape[0] == num_classes
-        and theirs.shape[0] == (their_classes or theirs.shape[0])
-        and theirs.shape[0] != num_classes
-    )
-
-
-def init_from(path: str, net: nn.Module, num_classes: int, ckpt_path: str | None) -> None:
-    """Load the network weights of the checkpoint at `path` into `net` (see the module doc)."""
-    if ckpt_path:
-        raise UserError(
-            f"init_from={path} and ckpt_path={ckpt_path} exclude each other: ckpt_path resumes "
-            "a run exactly (weights, optimizer, schedule, epoch), init_from starts a new one "
-            "from a checkpoint's weights; drop one"
+class FineTune(Callback):
+    def __init__(
+        self,
+        init_from: str | None = None,
+        ckpt_path: str | None = None,
+        trust_checkpoint: bool = False,
+    ):
+        if init_from and ckpt_path:
+            raise UserError(
+                f"init_from={init_from} and ckpt_path={ckpt_path} exclude each other: ckpt_path "
+                "resumes a run exactly (weights, optimizer, schedule, epoch), init_from starts a new "
+                "one from a checkpoint's weights; drop one"
+            )
+        # Read when built, so that a bad file stops the run before anything is written.
+        self.source = (
+            Checkpoint(init_from, key="init_from", trust=trust_checkpoint) if init_from else None
         )
-    ckpt = preflight.load_checkpoint(path, key="init_from")
-    hparams = ckpt.get("hyper_parameters", {})
-    their_classes = hparams.get("num_classes")
-    saved = {k[len(PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(PREFIX)}
-    ours = net.state_dict()
-    load, head, problems = {}, [], []
-    for key, value in ours.items():
-        if key not in saved:
-            continue
-        if saved[key].shape == value.shape:
-            load[key] = saved[key]
-        elif _is_head(saved[key], value, their_classes, num_classes):
-            head.append(key)
-        else:
-            problems.append(f"{key} {tuple(saved[key].shape)} vs {tuple(value.shape)}")
-    missing, extra = sorted(set(ours) - set(saved)), sorted(set(saved) - set(ours))
-    if missing or extra or problems:
-        found = []
-        if missing:
-            found.append(f"missing from the checkpoint: {preflight.few(missing)}")
-        if extra:
-            found.append(f"not in this model: {preflight.few(extra)}")
+
+    def before_run(self, pl_module) -> None:
+        """Load the network weights into the built module (training.py calls this before the
+        run dir is touched)."""
+        if self.source is None:
+            return
+        src, net = self.source, pl_module.net
+        theirs = src.hparams.get("num_classes")
+        ours = net.state_dict()
+        saved = {
+            k[len(PREFIX) :]: v for k, v in src.data["state_dict"].items() if k.startswith(PREFIX)
+        }
+
+        def is_head(key: str, saved: Tensor, mine: Tensor) -> bool:  # differs in the classes only
+            n = pl_module.hparams.num_classes
+            return (
+                saved.shape[1:] == mine.shape[1:]
+                and mine.shape[0] == n
+                and saved.shape[0] == (theirs or saved.shape[0])
+            )
+
+        problems, head = mismatch(saved, ours, is_head)
         if problems:
-            found.append(f"shapes (checkpoint vs model): {preflight.few(problems)}")
-        theirs = (hparams.get("net") or {}).get("_target_", "unknown")
-        raise UserError(
-            f"init_from={path} does not fit this model (the checkpoint's network: {theirs}; "
-            f"check model=...): " + "; ".join(found)
-        )
-    net.load_state_dict(load, strict=False)
-    where = f"epoch {ckpt.get('epoch', '?')}, step {ckpt.get('global_step', '?')}"
-    log.info(
-        "init_from=%s: loaded %d of the network's %d tensors (checkpoint at %s); optimizer, "
-        "schedule and epoch start afresh",
-        path,
-        len(load),
-        len(ours),
-        where,
-    )
-    if head:
+            theirs_net = (src.hparams.get("net") or {}).get("_target_", "unknown")
+            raise UserError(
+                f"init_from={src.path} does not fit this model (the checkpoint's network: "
+                f"{theirs_net}; check model=...): " + "; ".join(problems)
+            )
+        load = {k: v for k, v in saved.items() if k not in head}
+        net.load_state_dict(load, strict=False)
         log.info(
-            "init_from: re-initialised the classification head for %d classes (the "
-            "checkpoint's has %s): %s",
-            num_classes,
-            their_classes or "another number",
-            ", ".join(head),
+            "init_from=%s: loaded %d of the network's %d tensors (checkpoint at epoch %s, step %s); "
+            "optimizer, schedule and epoch start afresh",
+            src.path,
+            len(load),
+            len(ours),
+            src.data.get("epoch", "?"),
+            src.data.get("global_step", "?"),
         )
+        if head:
+            log.info(
+                "init_from: re-initialised the classification head for %d classes (the "
+                "checkpoint's has %s): %s",
+                pl_module.hparams.num_classes,
+                theirs or "another number",
+                ", ".join(head),
+            )
 
-
-def saved_without_pretrained(hparams: dict) -> None:
-    """Checkpoints hold the network's weights, so the network config they save asks for no
-    pretrained weights: rebuilding from one (eval.py, load_from_checkpoint) fetches nothing,
-    and works offline."""
-    net = hparams.get("net")
-    if isinstance(net, dict) and (net.get("pretrained") or net.get("pretrained_path")):
-        net.update(pretrained=False, pretrained_path=None)
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # A checkpoint holds the weights, so the network config it keeps asks for no pretrained
+        # weights: rebuilding from it (eval.py, predict) fetches nothing and works offline.
+        hp = checkpoint.get("hyper_parameters", {})
+        net = hp.get("net")
+        if isinstance(net, dict) and (net.get("pretrained") or net.get("pretrained_path")):
+            hp["net"] = {**net, "pretrained": False, "pretrained_path": None}

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import copy
-import functools
+import inspect
 import math
-from typing import Any, Callable, Optional
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning import LightningModule
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from cifar_amp import metrics as M
-from cifar_amp import schedules
 from cifar_amp import tta as TTA
-from cifar_amp.errors import InvalidArgument, NestedBuildError
+from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 NAMES = {
@@ -26,6 +26,13 @@ NAMES = {
     "val": (M.VAL_LOSS, M.VAL_ACC),
     "test": (M.TEST_LOSS, M.TEST_ACC),
 }
+SGD = MappingProxyType(
+    {"_target_": "torch.optim.SGD", "lr": 0.2, "momentum": 0.9, "nesterov": True}
+    | {"weight_decay": 5e-4, "fused": None}
+)
+ONE_CYCLE = MappingProxyType(
+    {"_target_": "cifar_amp.schedules.OneCycleLR", "pct_start": 0.25, "anneal_strategy": "linear"}
+)
 
 
 class ImageClassifier(LightningModule):
@@ -39,19 +46,16 @@ class ImageClassifier(LightningModule):
 
     def __init__(
         self,
-        net: dict,
+        net: Mapping,
         num_classes: int,
-        # Partials: the module adds `params` (and, for OneCycleLR, `optimizer`, `total_steps`
-        # and `max_lr` = the optimizer's lr). Set `scheduler` to null for a constant rate.
-        # `optimizer.fused=true`: one kernel per step, and under 16-mixed the GradScaler skips
-        # a step without reading its inf check on the host; it cannot be combined with
-        # clipping under 16-mixed/bf16-mixed (reliability/preflight.py). null = torch's choice.
-        optimizer: Callable[..., torch.optim.Optimizer] = functools.partial(
-            torch.optim.SGD, lr=0.2, momentum=0.9, nesterov=True, weight_decay=5e-4, fused=None
-        ),
-        scheduler: Optional[Callable[..., Any]] = functools.partial(
-            torch.optim.lr_scheduler.OneCycleLR, pct_start=0.25, anneal_strategy="linear"
-        ),
+        # What configure_optimizers instantiates with `params=`. `fused: true`: one kernel per
+        # step, and under 16-mixed the GradScaler skips a step without reading its inf check
+        # on the host; it cannot be combined with clipping under 16-bit mixed modes. null =
+        # torch's choice.
+        optimizer: Mapping = SGD,
+        # Instantiated with `optimizer=`, stepped every optimizer step; one that takes
+        # `total_steps` is planned for the run's optimizer steps. null = a constant rate.
+        scheduler: Optional[Mapping] = ONE_CYCLE,
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)
         compile: bool = False,  # torch.compile the network
@@ -77,57 +81,46 @@ class ImageClassifier(LightningModule):
             )
         if not 1 <= tta_shift <= 8:
             raise InvalidArgument("tta_shift", tta_shift, "must be in [1, 8]")
-        # From the config, `_target_` nodes (built here, so `net` stays a config; see build.py).
-        optimizer, scheduler = (
-            instantiate(f) if isinstance(f, dict) else f for f in (optimizer, scheduler)
-        )
-        lr = getattr(optimizer, "keywords", {}).get("lr")
+        lr = optimizer.get("lr")
         if isinstance(lr, (int, float)) and not (lr > 0 and math.isfinite(lr)):
             raise InvalidArgument("optimizer.lr", lr, "must be > 0")
+        # Plain dicts, saved with the rest: a checkpoint rebuilds this module from itself.
+        net, optimizer = dict(net), dict(optimizer)
+        scheduler = dict(scheduler) if scheduler else None
         super().__init__()
-        # The network's config (not the optimizer partials) goes into every checkpoint, so
-        # load_from_checkpoint / eval.py rebuild the right network from the file alone.
-        self.save_hyperparameters(ignore=["optimizer", "scheduler"], logger=False)
+        self.save_hyperparameters(logger=False)
         try:
             self.net: nn.Module = instantiate(net, num_classes=num_classes)
         except Exception as e:
             raise NestedBuildError("model", e) from e
-        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
-        self.label_smoothing = label_smoothing
-        self.compile, self.compile_mode = compile, compile_mode
-        self.tta, self.tta_shift, self.tta_val = tta, tta_shift, tta_val
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
         # validate_args and the NaN check would read tensors on the host at every step
         # (a device sync per step); labels come from our loader and the loss is finite.
         for stage in NAMES:
-            setattr(
-                self,
-                f"{stage}_acc",
-                MulticlassAccuracy(num_classes, average="micro", validate_args=False),
-            )
+            acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+            setattr(self, f"{stage}_acc", acc)
             setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
         self.val_acc_best = MaxMetric()
-        self.val_acc_best.persistent(True)  # survives a resume
-        # So are the training epoch's running loss/accuracy, for a resume mid-epoch.
-        self.train_loss.persistent(True)
-        self.train_acc.persistent(True)
+        # Checkpointed: the best score, and the running training metrics for a mid-epoch resume.
+        for metric in (self.val_acc_best, self.train_loss, self.train_acc):
+            metric.persistent(True)
 
     def configure_model(self) -> None:
         # In place (nn.Module.compile), so state-dict keys are the same compiled or not.
-        if self.compile:
-            self.net.compile(mode=self.compile_mode)
+        if self.hparams.compile:
+            self.net.compile(mode=self.hparams.compile_mode)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
     def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         x, y = batch
-        if stage == "test" or (stage == "val" and self.tta_val):
-            logits = TTA.predict(self, x, self.tta, self.tta_shift)
+        if stage == "test" or (stage == "val" and self.hparams.tta_val):
+            logits = TTA.predict(self, x, self.hparams.tta, self.hparams.tta_shift)
         else:
             logits = self(x)
-        smoothing = self.label_smoothing if stage == "train" else 0.0
+        smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
         # One value per sample, so the epoch value is a per-sample mean whatever the batch
         # sizes (and ranks); `weight=` would be dropped by torchmetrics under nan_strategy="disable".
@@ -138,11 +131,9 @@ class ImageClassifier(LightningModule):
     def _log_epoch(self, stage: str) -> None:
         # Lightning computes the logged metric objects (synced across ranks) and resets them.
         loss_name, acc_name = NAMES[stage]
-        for name, metric, bar in (
-            (loss_name, getattr(self, f"{stage}_loss"), stage != "train"),
-            (acc_name, getattr(self, f"{stage}_acc"), True),
-        ):
-            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=bar)
+        epoch = {"on_step": False, "on_epoch": True}  # also when called from a batch hook
+        self.log(loss_name, getattr(self, f"{stage}_loss"), prog_bar=stage != "train", **epoch)
+        self.log(acc_name, getattr(self, f"{stage}_acc"), prog_bar=True, **epoch)
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         return self._step(batch, "train")
@@ -155,7 +146,7 @@ class ImageClassifier(LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         # With the epoch's last batch, not in on_train_epoch_end: Lightning runs the module's
-        # epoch-end hook after the callbacks' (TrainingCurves reads the epoch's values there).
+        # epoch-end hook after the callbacks', which may read the epoch's values there.
         if batch_idx + 1 >= self.trainer.num_training_batches:
             self._log_epoch("train")
 
@@ -196,13 +187,25 @@ class ImageClassifier(LightningModule):
         """Class probabilities (N, num_classes), float32, of images normalised as in training
         (a batch, or a tuple whose first item is one), with the test-time augmentation of test."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return TTA.predict(self, x, self.tta, self.tta_shift).float().softmax(-1)
+        return TTA.predict(self, x, self.hparams.tta, self.hparams.tta_shift).float().softmax(-1)
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(params=self.parameters())
-        if self.scheduler_factory is None:
+        optimizer = instantiate(self.hparams.optimizer, params=self.parameters())
+        if not self.hparams.scheduler:
             return optimizer
-        scheduler = schedules.build(self.scheduler_factory, optimizer, self.trainer)
+        planned = {}
+        if (
+            "total_steps"
+            in inspect.signature(get_class(self.hparams.scheduler["_target_"])).parameters
+        ):
+            total = self.trainer.estimated_stepping_batches
+            if not math.isfinite(total):
+                raise UserError(
+                    "module.scheduler: a one-cycle schedule needs a run of known length; "
+                    "set trainer.max_epochs or trainer.max_steps"
+                )
+            planned["total_steps"] = int(total)
+        scheduler = instantiate(self.hparams.scheduler, optimizer=optimizer, **planned)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},

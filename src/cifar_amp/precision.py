@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from cifar_amp.errors import InvalidArgument
+from cifar_amp.config import Nested
+from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,16 @@ class Precision:
     def __init__(
         self,
         name: str = "32-true",
-        scaler: Optional[dict[str, Any]] = None,
+        scaler: Annotated[Optional[dict], Nested(torch.amp.GradScaler, ("device",))] = None,
         channels_last: Optional[bool] = None,
         tf32: bool = True,
     ) -> None:
         if name not in NAMES:
             raise InvalidArgument("name", repr(name), f"valid: {', '.join(NAMES)}")
         self.name, self.tf32, self._channels_last = name, tf32, channels_last
-        self.scaler = {**scaler_defaults(), **(scaler or {})}
+        self.layout: bool | None = None  # channels_last or not, decided by setup()
+        params = inspect.signature(torch.amp.GradScaler).parameters
+        self.scaler = {k: p.default for k, p in params.items() if k != "device"} | (scaler or {})
         s = self.scaler
         for key, ok, rule in (
             ("init_scale", s["init_scale"] > 0, "must be > 0"),
@@ -53,44 +56,51 @@ class Precision:
             if not ok:
                 raise InvalidArgument(f"scaler.{key}", s[key], rule)
 
+    @property
+    def trainer_precision(self) -> str:
+        """The Trainer's `precision=`. A `16-mixed` plugin is made for the device the Trainer
+        picks (:meth:`setup`), so such a Trainer starts in 32-true."""
+        return "32-true" if self.name == "16-mixed" else self.name
+
     def channels_last(self, device: str) -> bool:
         if self._channels_last is not None:
             return self._channels_last
         return device == "cuda" and self.name in SIXTEEN_BIT
 
-    def apply_tf32(self, device: str) -> None:
-        """Process-wide switches; only CUDA reads them."""
-        if device == "cuda":
-            torch.backends.cudnn.allow_tf32 = self.tf32
-            torch.backends.cuda.matmul.allow_tf32 = self.tf32
-
-    def trainer_kwargs(self, device: str) -> dict:
-        """`precision=` or `plugins=` for lightning.Trainer.
-
-        For `16-mixed` we build the MixedPrecision plugin ourselves: on CPU, Lightning's
-        string form would switch to bfloat16 and drop the scaler; we want float16 autocast
-        and a GradScaler (both supported on CPU by torch) with the configured settings.
-        """
-        if self.name != "16-mixed":
-            return {"precision": self.name}
-        scaler = torch.amp.GradScaler(device, **self.scaler)
-        return {"plugins": [MixedPrecision("16-mixed", device=device, scaler=scaler)]}
+    def setup(self, trainer) -> None:
+        """Once the Trainer has chosen its device: the 16-mixed plugin with this GradScaler,
+        TF32, whether network and batches are channels_last (`layout`), a one-line log."""
+        device = trainer.strategy.root_device
+        if device.type == "cuda" and self.name.startswith("bf16"):
+            if not torch.cuda.is_bf16_supported():
+                raise UserError(
+                    f"precision={self.name}: {torch.cuda.get_device_name(device)} has no "
+                    "bfloat16 support; valid here: 16-mixed, 32-true, 16-true"
+                )
+        if self.name == "16-mixed":
+            scaler = torch.amp.GradScaler(device.type, **self.scaler)
+            trainer.strategy.precision_plugin = MixedPrecision("16-mixed", device.type, scaler)
+        if device.type == "cuda":  # process-wide switches that only CUDA reads
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        self.layout = self.channels_last(device.type)
+        log.info("Precision: %s", self.describe(trainer))
 
     def describe(self, trainer) -> str:
         """One line: plugin, autocast dtype, scaler settings, layout and TF32."""
+        text = describe_plugin(trainer)
+        text += "; layout " + (
+            "channels_last (network and batches)" if self.layout else "contiguous (NCHW)"
+        )
         device = trainer.strategy.root_device
-        cl = self.channels_last(device.type)
-        layout = "channels_last (network and batches)" if cl else "contiguous (NCHW)"
-        return f"{describe_plugin(trainer)}; layout {layout}{self._tf32_state(device)}"
-
-    def _tf32_state(self, device: torch.device) -> str:
         if device.type != "cuda":
-            return ""
+            return text
         if torch.cuda.get_device_capability(device)[0] < 8:
-            return "; TF32 n/a (needs Ampere or newer)"
+            return text + "; TF32 n/a (needs Ampere or newer)"
         if self.tf32:
-            return "; TF32 on (float32 convolutions and matmuls; precision.tf32=false: strict)"
-        return "; TF32 off (strict IEEE float32)"
+            return (
+                text + "; TF32 on (float32 convolutions and matmuls; precision.tf32=false: strict)"
+            )
+        return text + "; TF32 off (strict IEEE float32)"
 
 
 def describe_plugin(trainer) -> str:
@@ -101,19 +111,10 @@ def describe_plugin(trainer) -> str:
         return f"{trainer.precision}: {name}, no autocast, no GradScaler"
     dtype = "bfloat16" if plugin.precision == "bf16-mixed" else "float16"
     text = f"{plugin.precision}: {dtype} autocast on {plugin.device} ({name})"
-    sc = plugin.scaler
-    if sc is None:
-        return text + ", no GradScaler"
-    if not sc.is_enabled():
-        return text + ", GradScaler disabled"
+    sc: Any = plugin.scaler
+    if sc is None or not sc.is_enabled():
+        return text + (", no GradScaler" if sc is None else ", GradScaler disabled")
     return (
-        text
-        + f", GradScaler(init_scale={sc.get_scale():g}, growth_factor={sc.get_growth_factor():g}, "
+        f"{text}, GradScaler(init_scale={sc.get_scale():g}, growth_factor={sc.get_growth_factor():g}, "
         f"backoff_factor={sc.get_backoff_factor():g}, growth_interval={sc.get_growth_interval()})"
     )
-
-
-def scaler_defaults() -> dict[str, Any]:
-    """torch.amp.GradScaler's own keyword defaults (all but `device`)."""
-    params = inspect.signature(torch.amp.GradScaler).parameters
-    return {k: p.default for k, p in params.items() if k != "device"}

@@ -1,4 +1,5 @@
-"""Predict with a checkpoint from a composed config. `predict.py` hands over here.
+"""Extra (docs/fork.md): predict with a checkpoint. `predict.py` hands over here. Nothing in
+the core imports this module.
 
     python predict.py ckpt_path=<ckpt> input=<folder | image file | CIFAR batch file>
 
@@ -13,21 +14,19 @@ from __future__ import annotations
 import csv
 import functools
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from cifar_amp import build
-from cifar_amp.data import SPECS
-from cifar_amp.errors import InvalidArgument, UserError
+from cifar_amp import build, runs
+from cifar_amp.checkpoints import Checkpoint
+from cifar_amp.errors import UserError
 from cifar_amp.inputs import Inputs, read
-from cifar_amp.module import ImageClassifier
-from cifar_amp.reliability import preflight, run_settings
-from cifar_amp.training import save_resolved_config
 
 log = logging.getLogger(__name__)
 
@@ -35,66 +34,25 @@ CSV_NAME = "predictions.csv"
 SHOWN = 5  # rows of the summary
 
 
-def load(ckpt_path: str, **overrides: Any) -> tuple[ImageClassifier, dict]:
-    """The module of `ckpt_path` in eval mode, and what its network expects (`data_meta`).
+@dataclass
+class PredictConfig:
+    """The top of `configs/predict.yaml`: network and class names come from the checkpoint."""
 
-    Its weights are the checkpoint's `state_dict`: where the run averaged weights (EMA),
-    Lightning's WeightAveraging saved the averaged ones there (the current ones go to
-    `current_model_state`), so these are the weights test evaluated. `overrides`: constructor
-    arguments that differ from the checkpoint's (tta, channels_last)."""
-    ckpt = preflight.load_checkpoint(ckpt_path)
-    meta = data_meta(ckpt, ckpt_path)
-    try:
-        module = ImageClassifier.load_from_checkpoint(ckpt_path, map_location="cpu", **overrides)
-    except InvalidArgument as e:
-        raise UserError(f"invalid config value for {e}") from e
-    except Exception as e:
-        raise UserError(f"ckpt_path={ckpt_path}: cannot load ({type(e).__name__}: {e})") from e
-    return module.eval(), meta
-
-
-def data_meta(ckpt: dict, path: str) -> dict:
-    """The checkpoint's `data_meta`; for checkpoints written before it existed, the defaults of
-    the CIFAR data set they were trained on. Without mean/std the images cannot be normalised as
-    in training, so such a checkpoint is refused; without class names, classes go by index."""
-    hp = ckpt.get("hyper_parameters", {})
-    n = hp.get("num_classes")
-    meta = hp.get("data_meta")
-    if meta is None:
-        dataset = ckpt.get(run_settings.KEY, {}).get("data.dataset")
-        if dataset is None and "CIFARDataModule" in ckpt:  # older than the run settings too
-            dataset = next((k for k, s in SPECS.items() if s.num_classes == n), None)
-        if dataset not in SPECS or SPECS[dataset].num_classes != n:
-            raise UserError(
-                f"ckpt_path={path} does not say what its network expects (no data_meta: its "
-                f"DataModule, {dataset or 'unknown'}, has no `meta`); add a `meta` property to "
-                "the DataModule (docs/after-training.md) and train again"
-            )
-        log.warning(
-            "ckpt_path=%s predates data_meta: assuming %s's class names, normalisation and "
-            "32x32 images",
-            path,
-            dataset,
-        )
-        return SPECS[dataset].meta()
-    missing = [k for k in ("mean", "std", "image_size") if not meta.get(k)]
-    if missing:
-        raise UserError(
-            f"ckpt_path={path}: its data_meta lacks {', '.join(missing)}, which say how the "
-            "network's images were normalised and sized; add them to the DataModule's `meta`"
-        )
-    names = meta.get("class_names")
-    if names and len(names) != n:
-        raise UserError(f"ckpt_path={path}: data_meta names {len(names)} classes, the net has {n}")
-    if not names:
-        log.warning("ckpt_path=%s names no classes: classes go by their index", path)
-    return meta
+    precision: Any = None
+    trainer: Any = None
+    run_dir: str = "${hydra:runtime.output_dir}"  # predictions.csv
+    ckpt_path: Optional[str] = None  # required: the checkpoint to predict with
+    input: Optional[str] = None  # required: a folder of images, an image file, a CIFAR batch file
+    batch_size: int = 256  # images per forward pass
+    tta: Optional[str] = None  # test-time augmentation; null: the checkpoint's (module.tta)
+    trust_checkpoint: bool = False  # as in train.yaml
 
 
 def normaliser(meta: dict) -> v2.Transform:
     """uint8 batches -> float32, normalised as the DataModule normalised them in training."""
-    steps = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(meta["mean"], meta["std"])]
-    return v2.Compose(steps)
+    return v2.Compose(
+        [v2.ToDtype(torch.float32, scale=True), v2.Normalize(meta["mean"], meta["std"])]
+    )
 
 
 def _collate(transform: v2.Transform, channels_last: bool, items: list) -> torch.Tensor:
@@ -113,11 +71,16 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         )
     if cfg.batch_size < 1:
         raise UserError(f"invalid config value for batch_size: {cfg.batch_size}; must be >= 1")
+    ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
+    meta = ckpt.data_meta()
     prec = build.precision(cfg)
-    preflight.check_hardware(cfg)
-    layout = prec.channels_last(build.device_type(cfg))
-    overrides = {"channels_last": layout, **({"tta": cfg.tta} if cfg.tta else {})}
-    module, meta = load(cfg.ckpt_path, **overrides)
+    trainer = build.trainer(cfg, prec)
+    if trainer.world_size > 1:
+        raise UserError(
+            f"predict runs in one process; trainer.devices={cfg.trainer.devices} with "
+            f"trainer.num_nodes={cfg.trainer.num_nodes} asks for {trainer.world_size}"
+        )
+    module = ckpt.module(channels_last=prec.layout, **({"tta": cfg.tta} if cfg.tta else {}))
     num_classes = module.hparams.num_classes
     names = meta.get("class_names") or [str(i) for i in range(num_classes)]
     inputs = read(cfg.input, meta, num_classes)
@@ -128,14 +91,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
             f"none of the {len(inputs.unreadable)} images in input={cfg.input} could be read: "
             + ", ".join(n for n, _ in inputs.unreadable)
         )
-    save_resolved_config(cfg, cfg.run_dir)
-    trainer = build.trainer(cfg, prec, callbacks=[], loggers=[])
-    if trainer.world_size > 1:
-        raise UserError(
-            f"predict runs in one process; trainer.devices={cfg.trainer.devices} with "
-            f"trainer.num_nodes={cfg.trainer.num_nodes} asks for {trainer.world_size}"
-        )
-    collate = functools.partial(_collate, normaliser(meta), layout)
+    runs.save_config(cfg)
+    collate = functools.partial(_collate, normaliser(meta), prec.layout)
     loader = DataLoader(inputs.images, batch_size=cfg.batch_size, collate_fn=collate)
     probs = torch.cat(trainer.predict(module, dataloaders=loader)).cpu()
     out = Path(cfg.run_dir) / CSV_NAME
@@ -169,7 +126,7 @@ def summary(cfg, module, precision: str, inputs, probs, names, out: Path) -> str
     net = module.hparams.net["_target_"].rsplit(".", 1)[-1]
     lines = [
         f"Predicted {n} image(s) of input={cfg.input} with {net} ({len(names)} classes, "
-        f"tta={module.tta}, precision={precision})"
+        f"tta={module.hparams.tta}, precision={precision})"
     ]
     top = probs.topk(min(3, len(names)), dim=1)
     for i in range(min(n, SHOWN)):

@@ -1,5 +1,5 @@
-"""Learning-rate schedules planned in whole optimizer steps, for runs of any length and for
-resumes that change the length. See docs/reliability.md ("Schedules")."""
+"""A one-cycle learning-rate schedule planned in whole optimizer steps, for runs of any length
+and for resumes that change the length. See docs/reliability.md ("Schedules")."""
 
 from __future__ import annotations
 
@@ -7,31 +7,12 @@ import logging
 import math
 import re
 import warnings
+from typing import Optional
 
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from cifar_amp.errors import UserError
-
 log = logging.getLogger(__name__)
-
-
-def build(factory, optimizer: torch.optim.Optimizer, trainer):
-    """The scheduler that `factory` (a Hydra partial) makes for `optimizer`. A OneCycleLR is
-    planned for the run's optimizer steps, and torch's is run as this module's OneCycleLR."""
-    func = getattr(factory, "func", None)
-    if not (isinstance(func, type) and issubclass(func, torch.optim.lr_scheduler.OneCycleLR)):
-        return factory(optimizer=optimizer)
-    total = trainer.estimated_stepping_batches
-    if not math.isfinite(total):
-        raise UserError(
-            "module.scheduler: OneCycleLR needs a run of known length; "
-            "set trainer.max_epochs or trainer.max_steps"
-        )
-    cls = OneCycleLR if func is torch.optim.lr_scheduler.OneCycleLR else func
-    kwargs = dict(factory.keywords)
-    kwargs.setdefault("max_lr", [g["lr"] for g in optimizer.param_groups])  # peak = the set lr
-    return cls(optimizer, *factory.args, total_steps=int(total), **kwargs)
 
 
 def warmup_steps(total_steps: int, pct_start: float, three_phase: bool = False) -> int:
@@ -47,7 +28,7 @@ def warmup_steps(total_steps: int, pct_start: float, three_phase: bool = False) 
 
 class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
     """torch's OneCycleLR (same arguments, same shape), made safe for every run length and for
-    resuming with another one.
+    resuming with another one. `max_lr` defaults to the optimizer's learning rate.
 
     - Phase boundaries are whole steps (:func:`warmup_steps`). torch places the peak at the
       fractional step `pct_start * total_steps - 1` and divides by a phase's length, which is
@@ -55,13 +36,15 @@ class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
       total_steps` is a whole number >= 2, the learning rates are torch's.
     - Re-planned on resume: a checkpoint planned for another number of steps (a changed
       `trainer.max_epochs` or `max_steps`) continues on the schedule of a run of the new length,
-      from the step it reached; a length shorter than the steps already done is refused.
+      from the step it reached. (The template refuses a length below the steps done before
+      fit, in checkpoints.py.)
     """
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
         total_steps: int,
+        max_lr: Optional[float] = None,
         pct_start: float = 0.3,
         anneal_strategy: str = "cos",
         three_phase: bool = False,
@@ -72,6 +55,7 @@ class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
         self.anneal_strategy, self.three_phase = anneal_strategy, three_phase
         super().__init__(
             optimizer,
+            max_lr=[g["lr"] for g in optimizer.param_groups] if max_lr is None else max_lr,
             total_steps=total_steps,
             pct_start=pct_start,
             anneal_strategy=anneal_strategy,
@@ -121,11 +105,7 @@ class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
             super().load_state_dict(state_dict)
             return
         if done > self.total_steps:
-            raise UserError(
-                f"trainer.max_epochs/max_steps: this run would take {self.total_steps} optimizer "
-                f"steps, but the checkpoint has done {done} (its schedule was planned for "
-                f"{planned}); resume with at least {done} steps, or start a new run"
-            )
+            raise ValueError(f"the schedule has {self.total_steps} steps; {done} are done already")
         if rank_zero_only.rank == 0:
             log.warning(
                 "OneCycleLR: planned for %d steps, re-planned for %d (trainer.max_epochs/max_steps "

@@ -2,108 +2,158 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import logging
+import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_only
+import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from cifar_amp import build, finetune, hydra_ddp, metrics, tracking
-from cifar_amp.callbacks import TrainTimer
-from cifar_amp.reliability import preflight, run_dirs, run_settings, signals
+from cifar_amp import build, checkpoints, metrics, runs
+from cifar_amp.checkpoints import Checkpoint
+from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
 
 
-@rank_zero_only
-def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-
-
-@rank_zero_only
-def save_resolved_config(cfg: DictConfig, run_dir: str) -> None:
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, Path(run_dir) / "config.yaml", resolve=True)
+@dataclass
+class Run:
+    cfg: DictConfig
+    precision: Precision
+    trainer: L.Trainer
+    datamodule: L.LightningDataModule
+    module: L.LightningModule
+    loggers: dict[str, Any]
+    resumed: Checkpoint | None  # the checkpoint this run continues, read once
+    fit_seconds: float | None = None
+    fitted: dict[str, Any] = field(default_factory=dict)  # what fit logged (last values)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write `<run_dir>/metrics.json`; return those metrics."""
+    run = build_run(cfg)
+    with guard(run):
+        fit(run)
+        tested = test(run)
+        return report(run, tested)
+
+
+def build_run(cfg: DictConfig) -> Run:
+    """Everything the run needs, range-checked, and the resume checked; nothing is written yet."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    # Everything is built (and so range-checked) before the run dir is touched.
     prec = build.precision(cfg)
-    preflight.check_hardware(cfg)
-    preflight.check_fused_clipping(cfg, prec)
-    layout = prec.channels_last(build.device_type(cfg))
-    dm = build.datamodule(cfg, channels_last=layout)
+    callbacks = build.callbacks(cfg)
+    source = checkpoints.resume_source(cfg)
+    resumed = Checkpoint(source, trust=cfg.trust_checkpoint) if source else None
+    settings = checkpoints.run_settings(cfg)
+    if resumed:  # first: it names the setting that differs
+        resumed.check_settings(settings)
+    loggers = build.loggers(cfg, resumed.tracker_versions(cfg.logger) if resumed else None)
+    callbacks.append(checkpoints.Record(settings, loggers, resumed))
+    trainer = build.trainer(cfg, prec, callbacks, loggers.values())
+    dm = build.datamodule(cfg, prec.layout)
     # A DataModule of yours need not have `meta`; predict then refuses its checkpoints.
-    module = build.module(cfg, dm.num_classes, layout, getattr(dm, "meta", None))
-    settings = run_settings.of(cfg)
-    finetune.saved_without_pretrained(module.hparams)
-    if cfg.init_from:
-        finetune.init_from(cfg.init_from, module.net, dm.num_classes, cfg.ckpt_path)
-    if cfg.ckpt_path and cfg.ckpt_path not in preflight.CKPT_KEYWORDS:
-        run_settings.check(cfg.ckpt_path, settings)  # first: it names the setting that differs
-        preflight.check_checkpoint_fits(cfg.ckpt_path, module, dm.num_classes)
-    resumed = tracking.resume_kwargs(cfg)  # continue the checkpoint's MLflow / W&B runs
-    callbacks, loggers = build.callbacks(cfg), build.loggers(cfg, resumed)
-    timer = TrainTimer()
-    callbacks += [run_settings.RecordRunSettings(settings), tracking.RecordTrackerRuns(), timer]
-    with run_dirs.claim(cfg.run_dir, cfg.ckpt_path), tracking.finishing(loggers):
-        save_resolved_config(cfg, cfg.run_dir)
-        if cfg.ckpt_path:
-            rank_zero_only(preflight.keep_previous_logs)(cfg.run_dir)
-        trainer = build.trainer(cfg, prec, callbacks, loggers)
-        tracking.log_config(trainer.loggers, cfg, resumed)
-        return _fit_and_test(cfg, prec, trainer, module, dm, timer)
+    module = build.module(cfg, dm.num_classes, prec.layout, getattr(dm, "meta", None))
+    if resumed:
+        resumed.check_fits(module, dm.num_classes)
+    # A callback that starts the run from other weights (the fine-tuning extra) gets the built
+    # module now, so that weights that do not fit stop the run before anything is written.
+    for cb in callbacks:
+        if hasattr(cb, "before_run"):
+            cb.before_run(module)
+    return Run(cfg, prec, trainer, dm, module, loggers, resumed)
 
 
-def _fit_and_test(
-    cfg: DictConfig, prec, trainer: L.Trainer, module, dm, timer: TrainTimer
-) -> dict[str, Any]:
+@contextlib.contextmanager
+def guard(run: Run):
+    """Hold the run dir (refused if another run holds or used it), record the resolved config
+    there and give it to every logger."""
+    with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None):
+        runs.save_config(run.cfg)
+        config = OmegaConf.to_container(run.cfg, resolve=True)
+        for lg in run.loggers.values():
+            lg.log_hyperparams(config)
+        yield
 
+
+def fit(run: Run) -> None:
     start = time.perf_counter()
+    trust = run.cfg.trust_checkpoint
     try:
-        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
-    except SIGTERMException:  # SaveOnSignal has saved last.ckpt and said how to resume
-        raise SystemExit(signals.exit_code(trainer)) from None
-    fit_seconds = time.perf_counter() - start
-    fitted = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        with torch.serialization.safe_globals(checkpoints.SAFE_TYPES):
+            run.trainer.fit(
+                run.module,
+                datamodule=run.datamodule,
+                ckpt_path=run.resumed and run.resumed.path,
+                weights_only=not trust,
+            )
+    except SIGTERMException as e:  # the shell's code for a run a signal stopped: 128 + it
+        # (the reliability extra has saved last.ckpt and said how to resume; it sets `signum`)
+        raise SystemExit(128 + getattr(e, "signum", signal.SIGTERM)) from None
+    run.fit_seconds = round(time.perf_counter() - start, 3)
+    run.fitted = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
 
-    result: dict[str, Any] = {
-        metrics.PRECISION: prec.name,
-        metrics.EPOCHS: trainer.current_epoch,
-        metrics.FIT_SECONDS: round(fit_seconds, 3),
-        metrics.TRAIN_SECONDS: round(timer.train_seconds, 3),
-        metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST),
-        **{k: fitted[k] for k in metrics.FIT_SUMMARY if k in fitted},
-    }
-    if module.compile:
-        excess = timer.warmup_excess_seconds
-        result[metrics.COMPILE_SECONDS] = None if excess is None else round(excess, 3)
-    if cfg.test:
-        ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        if not ckpt:
-            log.warning("No best checkpoint (no validation?): testing the final weights")
-        trainer.test(module, datamodule=dm, ckpt_path=ckpt or None)
-        result.update(
-            {k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
+
+def test(run: Run) -> dict[str, Any]:
+    """Test the best checkpoint (the final weights where there is none)."""
+    if not run.cfg.test:
+        return {}
+    cb = run.trainer.checkpoint_callback
+    ckpt = cb.best_model_path if cb else ""
+    if not ckpt:
+        log.warning("No best checkpoint (no validation?): testing the final weights")
+    with torch.serialization.safe_globals(checkpoints.SAFE_TYPES):
+        run.trainer.test(
+            run.module, datamodule=run.datamodule, ckpt_path=ckpt or None, weights_only=True
         )
-        result["tested_ckpt"] = ckpt or None
-    write_json(Path(cfg.run_dir) / "metrics.json", result)
-    tracking.log_results(trainer.loggers, cfg, result, trainer.global_step)
+    found = run.trainer.callback_metrics
+    tested = {k: float(found[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
+    return tested | {metrics.TESTED_CKPT: ckpt or None}
+
+
+def report(run: Run, tested: dict[str, Any]) -> dict[str, Any]:
+    """`<run_dir>/metrics.json`, and its numbers to every logger, whose run then ends."""
+    result = {
+        metrics.PRECISION: run.precision.name,
+        metrics.EPOCHS: run.trainer.current_epoch,
+        metrics.FIT_SECONDS: run.fit_seconds,
+        metrics.VAL_ACC_BEST: run.fitted.get(metrics.VAL_ACC_BEST),
+        **run.fitted,
+        **tested,
+    }
+    runs.write_json(Path(run.cfg.run_dir) / "metrics.json", result)
+    numbers = {
+        k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    # The loggers have the rest; the best validation accuracy (the sweeps' objective) goes with
+    # the outcome, so that their summaries (TensorBoard's HPARAMS tab) show it beside test's.
+    new = {k: v for k, v in numbers.items() if k not in run.fitted or k == metrics.VAL_ACC_BEST}
+    for lg in run.loggers.values():
+        # A logger that takes metrics with the hyperparameters (TensorBoard: its HPARAMS tab
+        # needs both at once) gets them so.
+        if "metrics" in inspect.signature(lg.log_hyperparams).parameters:
+            lg.log_hyperparams(
+                OmegaConf.to_container(run.cfg, resolve=True),
+                metrics=new,
+                step=run.trainer.global_step,
+            )
+        else:
+            lg.log_metrics(new, step=run.trainer.global_step)
+        # The job's last call: Lightning's "finished" (its "success" ends each stage).
+        lg.finalize("finished")
     log.info("Results: %s", json.dumps(result))
     return result
 
 
 def main(cfg: DictConfig) -> float | None:
     """Hydra task function: train, return `optimized_metric` for sweepers."""
-    with hydra_ddp.job():
-        result = train(cfg)
-        value = result.get(cfg.optimized_metric)
-        return None if value is None else float(value)
+    value = train(cfg).get(cfg.optimized_metric)
+    return None if value is None else float(value)

@@ -1,8 +1,7 @@
-"""Data modules (each gets a config schema, `schema/data/<Name>`) and device-side batches."""
+"""The core's data: CIFAR-10/100 resident on the training device, augmented there."""
 
 from cifar_amp.data.augment import Augment
+from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.data.cifar import SPECS, CIFARDataModule
-from cifar_amp.data.device_batches import DeviceBatches
-from cifar_amp.data.image_folder import ImageFolderDataModule
 
-__all__ = ["Augment", "CIFARDataModule", "DeviceBatches", "ImageFolderDataModule", "SPECS"]
+__all__ = ["Augment", "CIFARDataModule", "DeviceBatches", "SPECS"]

@@ -1,4 +1,4 @@
-"""CIFAR-10/100 in the official python format, decoded once into uint8 tensors.
+"""CIFAR-10/100 in the official python format, decoded once into uint8 tensors on the device.
 
 Our own download uses torchvision's utilities and verifies the archive's checksum; a folder
 the user supplies is read as it is (no checksum list), with each file checked for shape and
@@ -20,38 +20,28 @@ from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import download_and_extract_archive
 
 from cifar_amp.data.augment import Augment
-from cifar_amp.data.device_batches import DeviceBatches
-from cifar_amp.data.resumable import RestoresTrainLoader
+from cifar_amp.data.batches import DeviceBatches, RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
-NO_CUTOUT = Augment()  # flip + 4-pixel translate: the defaults of Augment
+AUGMENT = Augment()  # flip + 4-pixel translate
 
 
 @dataclass(frozen=True)
 class Spec:
     tv: type  # the torchvision class whose url, md5, folder and file names we reuse
-    num_classes: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     classes: tuple[str, ...]  # the official label names, for folders without a names file
+    label_key: str  # of the batch files: `labels` (CIFAR-10) or `fine_labels` (CIFAR-100)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
 
     @property
     def folder(self) -> str:
         return self.tv.base_folder
-
-    @property
-    def names_file(self) -> str:  # batches.meta (CIFAR-10) or meta (CIFAR-100)
-        return self.tv.meta["filename"]
-
-    def meta(self, class_names: list[str] | None = None) -> dict:
-        """What a network trained on this data expects (see CIFARDataModule.meta)."""
-        return {
-            "class_names": list(class_names or self.classes),
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "image_size": [32, 32],
-        }
 
     @property
     def train_files(self) -> list[str]:
@@ -61,9 +51,41 @@ class Spec:
     def test_files(self) -> list[str]:
         return [name for name, _ in self.tv.test_list]
 
+    def meta(self, class_names: list[str] | None = None) -> dict:
+        """What a network trained on this data expects (see CIFARDataModule.meta)."""
+        names = list(class_names or self.classes)
+        return {
+            "class_names": names,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "image_size": [32, 32],
+        }
 
-# The official label names, in label order (torchvision reads them from the names file only).
-CIFAR10_CLASSES = "airplane automobile bird cat deer dog frog horse ship truck"
+    def class_names(self, folder: Path) -> list[str] | None:
+        """The label names in `folder`'s names file (batches.meta / meta), or None where it has
+        none or a broken one (the official names stand in)."""
+        path = folder / self.tv.meta["filename"]
+        if not path.is_file():
+            return None
+        try:
+            with open(path, "rb") as f:
+                names = [str(n) for n in pickle.load(f, encoding="latin1")[self.tv.meta["key"]]]
+        except Exception as e:
+            log.warning(
+                "%s is unreadable (%s: %s); using the official names", path, type(e).__name__, e
+            )
+            return None
+        if len(names) != self.num_classes:
+            log.warning(
+                "%s names %d classes, not %d; using the official names",
+                path,
+                len(names),
+                self.num_classes,
+            )
+            return None
+        return names
+
+
 CIFAR100_CLASSES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy
 bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach
 couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
@@ -72,47 +94,22 @@ mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plai
 porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
 snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
 tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm"""
-
 SPECS = {
     "cifar10": Spec(
         CIFAR10,
-        10,
         (0.4914, 0.4822, 0.4465),
         (0.2470, 0.2435, 0.2616),
-        tuple(CIFAR10_CLASSES.split()),
+        tuple("airplane automobile bird cat deer dog frog horse ship truck".split()),
+        "labels",
     ),
     "cifar100": Spec(
         CIFAR100,
-        100,
         (0.5071, 0.4865, 0.4409),
         (0.2673, 0.2564, 0.2762),
         tuple(CIFAR100_CLASSES.split()),
+        "fine_labels",
     ),
 }
-
-
-def read_class_names(folder: Path, spec: Spec) -> list[str] | None:
-    """The label names in `folder`'s names file, or None where it has none (or a broken one)."""
-    path = folder / spec.names_file
-    if not path.is_file():
-        return None
-    try:
-        with open(path, "rb") as f:
-            names = [str(n) for n in pickle.load(f, encoding="latin1")[spec.tv.meta["key"]]]
-    except Exception as e:  # only the names are lost: the official ones stand in
-        log.warning(
-            "%s is unreadable (%s: %s); using the official names", path, type(e).__name__, e
-        )
-        return None
-    if len(names) != spec.num_classes:
-        log.warning(
-            "%s names %d classes, not %d; using the official names",
-            path,
-            len(names),
-            spec.num_classes,
-        )
-        return None
-    return names
 
 
 def find_folder(data_dir: str | Path, spec: Spec) -> Path | None:
@@ -125,8 +122,7 @@ def find_folder(data_dir: str | Path, spec: Spec) -> Path | None:
 
 
 def locate_or_download(data_dir: str | Path, spec: Spec, download: bool) -> Path:
-    folder = find_folder(data_dir, spec)
-    if folder is not None:
+    if (folder := find_folder(data_dir, spec)) is not None:
         return folder
     how = (
         f"either connect to the internet (it is downloaded into {data_dir}/), or point "
@@ -149,18 +145,21 @@ def locate_or_download(data_dir: str | Path, spec: Spec, download: bool) -> Path
     return Path(data_dir) / spec.folder
 
 
-def read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """One pickle file -> (N, 3, 32, 32) uint8 images and (N,) int64 labels, checked."""
+def read_batch(
+    path: Path, num_classes: int | None = None
+) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+    """One file in CIFAR's python format -> (N, 3, 32, 32) uint8 images, (N,) int64 labels and
+    their key (`labels` or `fine_labels`; None and None for a file without labels), checked:
+    a UserError names the file and what is wrong with it."""
     if not path.is_file():
         raise UserError(f"missing data file {path}")
     try:
         with open(path, "rb") as f:
             entry = pickle.load(f, encoding="latin1")
         data = np.asarray(entry["data"], dtype=np.uint8)
-        labels = np.asarray(
-            entry["labels"] if "labels" in entry else entry["fine_labels"], dtype=np.int64
-        )
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError) as e:
+        key = next((k for k in ("labels", "fine_labels") if k in entry), None)
+        labels = None if key is None else np.asarray(entry[key], dtype=np.int64)
+    except Exception as e:
         raise UserError(
             f"{path} is truncated or not a CIFAR python batch file ({type(e).__name__}: {e})"
         ) from e
@@ -168,22 +167,25 @@ def read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(
             f"{path}: data has shape {data.shape}, expected (N, 3072) (3x32x32 uint8 rows)"
         )
-    if labels.shape != (len(data),):
+    if labels is not None and labels.shape != (len(data),):
         raise UserError(f"{path}: {len(labels)} labels for {len(data)} images")
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise UserError(
-            f"{path}: labels span [{labels.min()}, {labels.max()}], expected [0, {num_classes - 1}]"
-        )
-    return data.reshape(-1, 3, 32, 32), labels
+    if labels is not None and num_classes and len(labels):
+        if labels.min() < 0 or labels.max() >= num_classes:
+            raise UserError(
+                f"{path}: labels span [{labels.min()}, {labels.max()}], expected [0, {num_classes - 1}]"
+            )
+    return data.reshape(-1, 3, 32, 32), labels, key
 
 
 def read_split(
     folder: Path, files: list[str], num_classes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     parts = [read_batch(folder / name, num_classes) for name in files]
-    images = np.concatenate([p[0] for p in parts])
-    labels = np.concatenate([p[1] for p in parts])
-    return torch.from_numpy(images), torch.from_numpy(labels)
+    if unlabelled := [name for name, (_, y, _) in zip(files, parts, strict=True) if y is None]:
+        raise UserError(f"{folder / unlabelled[0]} has no labels")
+    return torch.from_numpy(np.concatenate([p[0] for p in parts])), torch.from_numpy(
+        np.concatenate([p[1] for p in parts])
+    )
 
 
 class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
@@ -203,8 +205,8 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         batch_size: int = 512,  # per device
         eval_batch_size: int = 1024,  # per device, for validation and test
         val_split: float = 0.1,  # fraction of the training set held out, in [0, 1)
-        augment: Augment = NO_CUTOUT,  # on the training device, see data/augment.py
-        seed: int = 42,  # the split and every augmentation draw (the config passes `seed`)
+        augment: Augment = AUGMENT,  # on the training device, see data/augment.py
+        seed: int = 42,  # the split and every augmentation draw
         channels_last: bool = False,  # batch layout; the precision decides it (build.py)
     ) -> None:
         if dataset not in SPECS:
@@ -233,7 +235,7 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         predict and export need no data: `class_names` (from the folder's names file, else
         the official ones), `mean` and `std` (in [0, 1] pixel units), `image_size` [H, W]."""
         folder = find_folder(self.data_dir, self.spec)
-        return self.spec.meta(folder and read_class_names(folder, self.spec))
+        return self.spec.meta(folder and self.spec.class_names(folder))
 
     def prepare_data(self) -> None:
         locate_or_download(self.data_dir, self.spec, self.download)
@@ -249,16 +251,19 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         n_val = int(round(len(labels) * self.val_split))
         perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
         val_idx, train_idx = perm[:n_val], perm[n_val:]
-        self.splits["train"] = (images[train_idx], labels[train_idx])
-        self.splits["val"] = (images[val_idx], labels[val_idx])
-        self.splits["test"] = read_split(folder, self.spec.test_files, self.num_classes)
-        self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in self.splits.items()}
+        splits = {
+            "train": (images[train_idx], labels[train_idx]),
+            "val": (images[val_idx], labels[val_idx]),
+            "test": read_split(folder, self.spec.test_files, self.num_classes),
+        }
+        self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in splits.items()}
+        sizes = (len(self.splits[k][1]) for k in ("train", "val", "test"))
         log.info(
             "Data: %s from %s on %s: %d train, %d val, %d test images",
             self.spec.folder,
             folder,
             device,
-            *(len(self.splits[k][1]) for k in ("train", "val", "test")),
+            *sizes,
         )
 
     def _loader(self, split: str, train: bool) -> DeviceBatches:

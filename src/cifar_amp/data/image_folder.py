@@ -1,11 +1,12 @@
-"""Your own images, in torchvision's ImageFolder layout: `<data_dir>/<class>/<image>`.
+"""Extra (docs/fork.md): your own images, in torchvision's ImageFolder layout,
+`<data_dir>/<class>/<image>`. Nothing in the core imports this module.
 
-For data that does not fit on the device or is not 32x32: images are decoded and augmented
-(torchvision transforms v2) in DataLoader worker processes, cross to the device as uint8 (a
-quarter of float32's bytes) into pinned memory, and are normalised there. Each training
-image's random crop and flip are drawn from (seed, epoch, index), so the batches are the same
-for any number of workers, and a resumed run (even mid-epoch) sees the data an uninterrupted
-one would.
+For data that does not fit on the device or is not 32x32: images are decoded (the template's
+one image pipeline, data/images.py) and augmented (torchvision transforms v2) in DataLoader
+worker processes, cross to the device as uint8 (a quarter of float32's bytes) into pinned
+memory, and are normalised there. Each training image's random crop and flip are drawn from
+(seed, epoch, index), so the batches are the same for any number of workers, and a resumed
+run (even mid-epoch) sees the data an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import numpy as np
 import torch
 from lightning import LightningDataModule
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
-from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchvision.datasets import DatasetFolder
 from torchvision.transforms import v2
 
-from cifar_amp.data.resumable import EpochSampler, RestoresTrainLoader, ResumableLoader
+from cifar_amp.data.batches import RestoresTrainLoader
+from cifar_amp.data.images import SUFFIXES, decode, eval_resize
 from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
@@ -36,37 +37,67 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 LAYOUT = "one subfolder per class holding its images, torchvision's ImageFolder layout"
 
 
-class UnreadableImage(UserError):
-    """An image file that cannot be decoded. torch re-raises an exception from a DataLoader
-    worker as `type(e)(<the worker's traceback>)`: only its last line, ours, is kept."""
+class EpochSampler(DistributedSampler):
+    """torch's DistributedSampler (a seeded shuffle per epoch, one shard per rank; being one,
+    Lightning injects no sampler of its own under DDP) that yields `(epoch, index)` keys, so
+    that a dataset can draw each image's augmentation from (seed, epoch, index), whatever the
+    worker or rank, and that can start `start` samples into its shard."""
 
-    def __init__(self, message: str) -> None:
-        last = message.strip().splitlines()[-1]
-        super().__init__(last.removeprefix(f"{__name__}.{type(self).__name__}: "))
+    start = 0  # set by ResumableLoader for each pass
 
-
-def load_rgb(path: str) -> Image.Image:
-    try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
-    except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for broken files
-        raise UnreadableImage(f"{path}: cannot read this image ({type(e).__name__}: {e})") from e
+    def __iter__(self):
+        order = list(super().__iter__())[self.start :]
+        return iter([(self.epoch, i) for i in order])
 
 
-def scan(folder: str | None, key: str) -> ImageFolder:
+class ResumableLoader(DataLoader):
+    """A DataLoader over an :class:`EpochSampler` whose `position` (batches handed out this
+    epoch) is its checkpoint state. Lightning does not prefetch from a loader with a length
+    (loops/fetchers.py), so at a checkpoint `position` is the number of batches trained."""
+
+    position = 0
+    _resume: dict | None = None
+
+    def __iter__(self):
+        # A generator: this body runs at the first batch, after Lightning's set_epoch(), so
+        # the sampler (also in worker processes, started from here) sees the right epoch.
+        sampler, resume = self.sampler, self._resume
+        self._resume = None
+        epoch = getattr(sampler, "epoch", 0)
+        same = resume is not None and (resume["epoch"], resume["seed"]) == (epoch, self._seed)
+        self.position = resume["position"] if same else 0
+        if isinstance(sampler, EpochSampler):  # else Lightning swapped it (overfit_batches)
+            sampler.start = self.position * self.batch_size
+        for batch in super().__iter__():
+            self.position += 1
+            yield batch
+
+    @property
+    def _seed(self) -> int | None:
+        return getattr(self.sampler, "seed", None)
+
+    def state_dict(self) -> dict:
+        epoch = getattr(self.sampler, "epoch", 0)
+        return {"epoch": epoch, "position": self.position, "seed": self._seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume = state
+
+
+def scan(folder: str | None, key: str) -> DatasetFolder:
     """The class folders and image files of `folder`; a one-line error for a bad one."""
     root = Path(str(folder))
     if not root.is_dir():
         raise UserError(f"{key}={folder}: no such folder (expected {LAYOUT})")
     try:
-        found = ImageFolder(str(root), loader=load_rgb, allow_empty=True)
+        found = DatasetFolder(str(root), decode, SUFFIXES, allow_empty=True)
     except FileNotFoundError as e:  # torchvision: "Couldn't find any class folder"
         raise UserError(f"{key}={folder} has no class subfolders (expected {LAYOUT})") from e
     counts = np.bincount([label for _, label in found.samples], minlength=len(found.classes))
     empty = [root / c for c, n in zip(found.classes, counts, strict=True) if n == 0]
     if empty:
         more = f" (and {len(empty) - 1} more class folders)" if len(empty) > 1 else ""
-        raise UserError(f"{empty[0]}: no image files ({', '.join(IMG_EXTENSIONS)}){more}")
+        raise UserError(f"{empty[0]}: no image files ({', '.join(SUFFIXES)}){more}")
     if len(found.classes) < 2:
         raise UserError(f"{key}={folder} has one class folder; classification needs at least 2")
     return found
@@ -96,7 +127,7 @@ class Images(Dataset):
     def __getitem__(self, key):
         epoch, i = key if isinstance(key, tuple) else (0, key)
         path, label = self.samples[i]
-        image = load_rgb(path)
+        image = decode(path)
         if self.seed is None:
             return self.transform(image), label
         # v2 transforms draw from torch's global generator: seed it per image, and leave the
@@ -171,13 +202,11 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
         self.train_transform = v2.Compose(
             [*train, *([v2.RandomHorizontalFlip()] if flip else []), v2.PILToTensor()]
         )
-        self.eval_transform = v2.Compose(
-            [v2.Resize(image_size, antialias=True), v2.CenterCrop(crop), v2.PILToTensor()]
-        )
+        self.eval_transform = v2.Compose([eval_resize(crop), v2.PILToTensor()])
         self._checked: set[str] = set()
         self._norm: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _same_classes(self, folder: str, key: str) -> ImageFolder:
+    def _same_classes(self, folder: str, key: str) -> DatasetFolder:
         found = scan(folder, key)
         if found.classes != self.classes:
             theirs, ours = set(found.classes), set(self.classes)

@@ -19,9 +19,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from cifar_amp.errors import InvalidArgument
-from cifar_amp.reliability import private
 
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
+# Private: the base of BatchNorm1d/2d/3d, SyncBatchNorm and the lazy variants, the one type that
+# means "has BatchNorm running statistics" (no public base class exists).
+_BATCH_NORM = nn.modules.batchnorm._BatchNorm
 
 
 class Chain:
@@ -49,7 +51,7 @@ def _running_stats_to_scratch(block: nn.Module | Chain):
     # update must not land (else they move twice per step). Turning tracking off for the
     # recompute is not an option: BatchNorm would then save fewer tensors than in the first
     # forward and torch.utils.checkpoint raises. So the update goes to throwaway copies.
-    bns = [m for m in block.modules() if isinstance(m, private.BatchNorm) and m.track_running_stats]
+    bns = [m for m in block.modules() if isinstance(m, _BATCH_NORM) and m.track_running_stats]
     kept = [(m, {k: getattr(m, k) for k in _STATS}) for m in bns]
     for m, bufs in kept:
         for k, t in bufs.items():

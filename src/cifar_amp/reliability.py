@@ -1,0 +1,321 @@
+"""Extra (docs/fork.md): runs that survive kills, full disks and NaNs. Nothing in the core
+imports this module; configs/callbacks/reliability/ and configs/trainer/reliability/ attach it.
+
+- SaveOnSignal: SIGTERM (preemption, scancel, kill) or the first Ctrl+C finishes the batch,
+  saves last.ckpt and prints the command that resumes the run (exit 128 + signal).
+- AtomicCheckpointIO: checkpoint writes that a kill or a full disk cannot tear.
+- StopOnNonFiniteLoss: stop a run whose loss stays inf/NaN, never checkpointing broken weights.
+See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import shlex
+import signal
+import stat
+import sys
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from cifar_amp.errors import UserError
+
+log = logging.getLogger(__name__)
+# `.<target name>.<random>.tmp`: what write_atomically leaves if killed mid-write.
+_TEMP_NAME = re.compile(r"\..+\.ckpt\.[A-Za-z0-9_]+\.tmp")
+
+
+# -- checkpoint writes that a kill or a full disk cannot tear ---------------------------------
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written (disk full, quota, I/O error); the previous file is kept."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Why not Lightning's TorchCheckpointIO alone: it writes through an fsspec transaction that
+    stages the file in the system temp dir and `shutil.move`s it; when /tmp is another
+    filesystem (usual on clusters) that move is a copy, so a kill mid-copy leaves a truncated
+    last.ckpt, and nothing is fsync'ed. Remote paths (s3://, ...) keep Lightning's behaviour."""
+
+    _cleaned: set[Path] = set()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        if storage_options is not None or not _is_local_path(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        folder = Path(path).parent
+        if folder not in self._cleaned:  # before the first write there (the run dir is locked)
+            self._cleaned.add(folder)
+            for p in folder.glob(".*.tmp"):
+                if _TEMP_NAME.fullmatch(p.name) and p.is_file():
+                    p.unlink(missing_ok=True)
+                    log.warning("Removed %s, left by a checkpoint write that was killed", p)
+        write_atomically(Path(path), lambda f: torch.save(checkpoint, f))
+
+
+def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write `target` with `write(file)` through a temp file beside it, fsync'ed and renamed over
+    it: readers see the old file or the new one, never a part. Any failure leaves the previous
+    `target` and no temp file; an OSError becomes a one-line CheckpointWriteError."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        # 0o666 filtered by the umask is what a plain open() would give a new file.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    except OSError as e:
+        raise _write_error(target, e) from e
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if target.exists():  # an overwrite keeps the file's mode, as open(target, "wb") would
+                os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _write_error(target, e) from e
+        raise
+    with contextlib.suppress(OSError):  # make the rename durable (Windows cannot open dirs)
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_error(target: Path, e: OSError) -> CheckpointWriteError:
+    kept = "its previous version is kept" if target.exists() else "no earlier version existed"
+    return CheckpointWriteError(f"cannot write {target}: {e.strerror or e}; {kept}")
+
+
+def _is_local_path(path) -> bool:
+    # Private: whether `path` is on the local filesystem (no fsspec protocol such as s3://), by
+    # the rule Lightning's own checkpoint code uses.
+    from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+    return _is_local_file_protocol(path)
+
+
+# -- SIGTERM (preemption, scancel, kill) and Ctrl+C --------------------------------------------
+class SaveOnSignal(Callback):
+    """Save last.ckpt and stop cleanly on SIGTERM and on the first Ctrl+C; a second aborts.
+
+    Built on Lightning's signal connector: on SIGTERM it finishes the current training batch
+    and raises SIGTERMException at the batch boundary (telling DDP ranks too). The first Ctrl+C
+    is routed the same way (Lightning alone would abort mid-step); when the exception arrives
+    this saves last.ckpt and prints the exact command that resumes the run.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+        self._deferred = False
+        self._trainer = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # Installed before Lightning registers its SIGTERM handler (right after on_fit_start),
+        # which then calls this one after its own.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._trainer = trainer
+        self._previous = {
+            s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)
+        }
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            if self.signum == signal.SIGINT:
+                raise KeyboardInterrupt  # second Ctrl+C: stop now, without saving
+            self.signum = signal.SIGINT
+            log.warning(
+                "Ctrl+C: finishing this batch, then saving a checkpoint (press again to abort)"
+            )
+            os.kill(os.getpid(), signal.SIGTERM)  # Lightning's graceful path
+            return
+        self.signum = self.signum or signum
+        if self._trainer is not None and self._trainer.validating:
+            # Lightning would stop mid-validation, and a resume cannot finish a half-run
+            # validation exactly (its running metrics are not checkpointed): stop right after it.
+            _set_received_sigterm(self._trainer, False)
+            self._deferred = True
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._deferred:
+            _set_received_sigterm(trainer, True)
+            self._deferred = False
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore()
+        if not isinstance(exception, SIGTERMException):
+            return
+        exception.signum = self.signum or signal.SIGTERM  # the core exits with 128 + it
+        path = last_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        if trainer.is_global_zero:
+            name = signal.Signals(self.signum or signal.SIGTERM).name
+            msg = (
+                f"{name}: stopped at epoch {trainer.current_epoch}, step {trainer.global_step}; "
+                f"saved {path}. Resume with: {resume_command(path, trainer.default_root_dir)}"
+            )
+            log.warning(msg)
+            print(msg, file=sys.stderr, flush=True)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+
+def _set_received_sigterm(trainer, value: bool) -> None:
+    # Private: the flag Lightning's training loop checks at each batch boundary to stop on
+    # SIGTERM; `Trainer.received_sigterm` is a read-only property over it.
+    trainer._signal_connector.received_sigterm = value
+
+
+def last_checkpoint_path(trainer) -> Path:
+    """Where the checkpoint callbacks write last.ckpt, so that `ckpt_path=<run>/checkpoints/
+    last.ckpt` is always the newest state."""
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, ModelCheckpoint) and cb.dirpath:
+            return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
+    return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+
+
+def resume_command(ckpt: Path, run_dir: str) -> str:
+    """The command line that continues this run in the same run dir from `ckpt`, without
+    overrides that start a run from other weights (`init_from`: a resume has its own)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return f"train(cfg) with ckpt_path={ckpt}"
+    drop = ("ckpt_path=", "hydra.run.dir=", "init_from=")
+    keep = [o for o in HydraConfig.get().overrides.task if not o.startswith(drop)]
+    return "python " + shlex.join(
+        [sys.argv[0] or "train.py", *keep, f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}"]
+    )
+
+
+# -- non-finite losses --------------------------------------------------------------------
+class NonFiniteLossError(UserError):
+    pass
+
+
+class StopOnNonFiniteLoss(Callback):
+    """Reports non-finite training losses with their step and stops after `patience` in a row.
+
+    The loss is counted, not the gradients: under 16-mixed the GradScaler skips steps with
+    inf gradients on its own, which is normal; a loss that stays inf/NaN is not.
+    The count lives on the device. Every `check_every` steps it is copied to the host without
+    waiting (CUDA: into pinned memory, behind an event) and the copy is read at the next check,
+    when it has long arrived: the training step never waits for the GPU. The price is that a
+    stop comes up to 2 x `check_every` steps late on a GPU (`check_every` on CPU, where the copy
+    is immediate). Before every checkpoint write the count is read at once (waiting), and a
+    checkpoint is never written from non-finite weights, so last.ckpt and the best checkpoint
+    stay the last good ones.
+    """
+
+    def __init__(self, patience: int = 10, check_every: int = 25) -> None:
+        if patience < 1 or check_every < 1:
+            raise UserError(
+                f"callbacks.non_finite: patience={patience} and check_every={check_every} must be >= 1"
+            )
+        self.patience, self.check_every = patience, check_every
+        self._run: torch.Tensor | None = None  # consecutive non-finite losses
+        self._first: torch.Tensor | None = None  # step of the first one since the last read, or -1
+        self._copy: _HostCopy | None = None  # (run, first) on its way to the host
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None:
+            return
+        bad = ~torch.isfinite(loss.detach())
+        if self._run is None:
+            self._run = torch.zeros((), dtype=torch.long, device=loss.device)
+            self._first = torch.full((), -1, dtype=torch.long, device=loss.device)
+        self._run = torch.where(bad, self._run + 1, 0)
+        self._first = torch.where(bad & (self._first < 0), trainer.global_step, self._first)
+        if trainer.global_step % self.check_every == 0:
+            self._check(trainer, wait=False)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        # Runs before the file is written: raising here keeps the previous file.
+        self._check(trainer, wait=True)
+        # Buffers too: BatchNorm running statistics turn NaN before any weight does.
+        tensors = [
+            *pl_module.parameters(),
+            *(b for b in pl_module.buffers() if b.is_floating_point()),
+        ]
+        finite = torch.stack([t.detach().isfinite().all() for t in tensors]).all()
+        if not finite:
+            self._stop(trainer, f"the weights became non-finite by step {trainer.global_step}")
+
+    def _check(self, trainer, wait: bool) -> None:
+        """Read the counts copied at the last check (unless still in flight), then copy the
+        current ones; `wait`: read the current ones now."""
+        if self._run is None:
+            return
+        if self._copy is not None:
+            if not (wait or self._copy.arrived()):
+                return  # the GPU is that far behind: look again at the next check
+            self._report(trainer, self._copy)
+        self._copy = _HostCopy(torch.stack([self._run, self._first]), trainer.global_step)
+        self._first.fill_(-1)  # queued after the copy: the next copy starts afresh
+        if wait or self._copy.event is None:
+            self._report(trainer, self._copy)
+
+    def _report(self, trainer, copy: _HostCopy) -> None:
+        self._copy = None
+        run, first = copy.values()
+        if first < 0:
+            return
+        log.warning("non-finite training loss at step %d (%d consecutive so far)", first, run)
+        if run >= self.patience:
+            self._stop(
+                trainer,
+                f"the training loss was non-finite for {run} consecutive steps up to step {copy.step}",
+            )
+
+    def _stop(self, trainer, what: str) -> None:
+        last = last_checkpoint_path(trainer)
+        kept = (
+            f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
+        )
+        raise NonFiniteLossError(
+            f"{what}; stopped (callbacks.non_finite.patience={self.patience}); {kept}. "
+            "Try a lower module.optimizer.lr, trainer.gradient_clip_val, or precision=32-true / bf16-mixed"
+        )
+
+
+class _HostCopy:
+    """A small device tensor copied to the host without the host waiting for it (CUDA: pinned
+    memory, non-blocking copy, an event that says when it has arrived)."""
+
+    def __init__(self, tensor: torch.Tensor, step: int) -> None:
+        self.step = step
+        self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+        self.host.copy_(tensor, non_blocking=True)
+        self.event = torch.cuda.Event() if tensor.is_cuda else None
+        if self.event is not None:
+            self.event.record()
+
+    def arrived(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def values(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()  # at once when arrived(); a wait only before a checkpoint
+        return self.host.tolist()
