@@ -18,7 +18,7 @@ def write_cifar_folder(
     Images are class-dependent (a per-class colour plus noise), so a model can learn them.
     """
     spec = SPECS[dataset]
-    folder = root / spec.folder
+    folder = root / spec.tv.base_folder
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     palette = rng.integers(0, 256, size=(spec.num_classes, 3))
@@ -36,8 +36,8 @@ def write_cifar_folder(
             "filenames": [f"{i}.png" for i in range(n)],
         }
 
-    for name in spec.train_files:
+    for name in spec.files("train"):
         (folder / name).write_bytes(pickle.dumps(batch(per_file)))
-    for name in spec.test_files:
+    for name in spec.files("test"):
         (folder / name).write_bytes(pickle.dumps(batch(n_test)))
     return root

@@ -116,7 +116,7 @@ def image_folder(tmp_path_factory) -> Path:
     if SUBSET.is_dir():
         source, files = SUBSET, ("data_batch_1",)
     else:
-        source, files = write_cifar_folder(tmp, per_file=100), SPECS["cifar10"].train_files
+        source, files = write_cifar_folder(tmp, per_file=100), SPECS["cifar10"].files("train")
     return write_image_folder(source, tmp / "folder", per_class=40, files=tuple(files))
 
 

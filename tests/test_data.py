@@ -111,7 +111,7 @@ def test_missing_data_without_download_says_both_ways_out(tmp_path):
     assert (
         "data.data_dir" in msg
         and "connect to the internet" in msg
-        and SPECS["cifar10"].folder in msg
+        and SPECS["cifar10"].tv.base_folder in msg
     )
 
 

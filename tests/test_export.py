@@ -16,7 +16,7 @@ from cifar_amp import export
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.inputs import read
-from cifar_amp.prediction import normaliser
+from cifar_amp.prediction import data_meta, normaliser
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, SUBSET, compose_cfg
 
@@ -24,7 +24,7 @@ from conftest import REPO, SHRINK, SUBSET, compose_cfg
 def load(path, **overrides):
     """The checkpoint's module, as predict and export rebuild it, and its data_meta."""
     ckpt = Checkpoint(path)
-    return ckpt.module(**overrides), ckpt.data_meta()
+    return ckpt.module(**overrides), data_meta(ckpt)
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,7 @@ def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tm
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     from cifar_amp import build
+    from cifar_amp.checkpoints import resume_source
     from cifar_amp.errors import UserError
     from cifar_amp.runs import claim
 
@@ -75,10 +76,13 @@ def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tm
         and env.requeue_signal == signal.SIGUSR1
     )
     (tmp_path / "config.yaml").write_text("{}")
+    cfg = make_cfg()  # in tmp_path, no ckpt_path: as the requeued job starts
+    assert resume_source(cfg) is None
     with pytest.raises(UserError), claim(str(tmp_path), resuming=False):
         pass  # a used dir with nothing to resume from
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")  # written by Lightning on the requeue signal
-    with claim(str(tmp_path), resuming=False):
+    assert resume_source(cfg) == tmp_path / "hpc_ckpt_1.ckpt"  # so the job resumes from it
+    with claim(str(tmp_path), resuming=True):
         pass
 
 
@@ -98,8 +102,8 @@ def test_a_run_dir_in_use_is_refused_until_its_run_ends(tmp_path):
 
 
 HOLD = (
-    "import sys; from cifar_amp.reliability.run_dirs import claim; "
-    "c = claim(sys.argv[1], None); c.__enter__(); print('held', flush=True); sys.stdin.read()"
+    "import sys; from cifar_amp.runs import claim; "
+    "c = claim(sys.argv[1], False); c.__enter__(); print('held', flush=True); sys.stdin.read()"
 )
 
 

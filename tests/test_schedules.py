@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cifar_amp import metrics
+from cifar_amp.errors import UserError
 from cifar_amp.schedules import OneCycleLR, warmup_steps
 from cifar_amp.training import train
 from conftest import CPU_DDP
@@ -101,8 +102,13 @@ def test_resume_with_the_same_length_is_exact(caplog):
 
 
 def test_resume_shorter_than_the_steps_done_is_refused():
-    with pytest.raises(ValueError, match="the schedule has 5 steps; 6 are done already"):
+    with pytest.raises(UserError) as e:
         resumed(planned=10, done=6, total=5)
+    assert str(e.value) == (
+        "trainer.max_epochs/max_steps: this run would take 5 optimizer steps, but the checkpoint "
+        "has done 6 (its schedule was planned for 10); resume with at least 6 steps, or start a "
+        "new run"
+    )
 
 
 @pytest.mark.parametrize("steps", [1, 2, 4])

@@ -24,6 +24,7 @@ from cifar_amp.module import ImageClassifier
 from cifar_amp.speedrun import EMA, PatchWhitening, patches
 from cifar_amp.training import train
 from conftest import compose_cfg, requires_cuda
+from test_augment import translate as shifted
 from test_host_sync import STEPS, _watch, unexplained
 from test_resume import assert_same_weights, comparable, resume_mid_epoch
 
@@ -94,7 +95,7 @@ def test_fused_flip_translate_matches_flip_then_translate(translate):
     idx = torch.randperm(30)[:12]
     dd = d.take(idx)
     x = images[idx]
-    expected = augment.translate(
+    expected = shifted(
         torch.where(dd.flip[:, None, None, None], x.flip(-1), x), dd.shift, translate
     )
     got = augment.flip_translate(images.permute(0, 2, 3, 1).contiguous(), idx, dd).permute(

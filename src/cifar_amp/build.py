@@ -33,8 +33,7 @@ def build(node: Any, key: str, recursive: bool = True, **kwargs) -> Any:
     except Exception as e:
         cause = e
         while cause.__cause__ is not None and not isinstance(cause, (InvalidArgument, UserError)):
-            if isinstance(cause, NestedBuildError):
-                key = cause.key
+            key = cause.key if isinstance(cause, NestedBuildError) else key
             cause = cause.__cause__
         if isinstance(cause, UserError):
             raise cause from e
@@ -51,22 +50,25 @@ def precision(cfg: DictConfig) -> Precision:
 
 def callbacks(cfg: DictConfig) -> list[L.Callback]:
     out = [build(c, f"callbacks.{k}") for k, c in (cfg.get("callbacks") or {}).items() if c]
-    if not (cfg.get("logger") or {}):  # LearningRateMonitor refuses to run without a logger
+    if not cfg.get("logger"):  # LearningRateMonitor refuses to run without a logger
         out = [c for c in out if not isinstance(c, LearningRateMonitor)]
     return out
 
 
 def loggers(cfg: DictConfig, versions: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `logger` group, by config key. A logger whose constructor takes `version` gets the
-    version (run id) `versions` has for its key: a resume continues the tracked run."""
+    one `versions` has for its key: a resume continues the tracked run."""
     out = {}
     for key, node in (cfg.get("logger") or {}).items():
         if not node:
             continue
-        takes = "version" in inspect.signature(get_class(node._target_)).parameters
-        kwargs = {"version": versions[key]} if takes and key in (versions or {}) else {}
-        if kwargs:
-            log.info("Resuming: logger.%s continues run %s", key, kwargs["version"])
+        kwargs = {}
+        if (
+            key in (versions or {})
+            and "version" in inspect.signature(get_class(node._target_)).parameters
+        ):
+            kwargs["version"] = versions[key]
+            log.info("Resuming: logger.%s continues run %s", key, versions[key])
         out[key] = build(node, f"logger.{key}", **kwargs)
     return out
 
@@ -74,60 +76,60 @@ def loggers(cfg: DictConfig, versions: dict[str, Any] | None = None) -> dict[str
 def trainer(
     cfg: DictConfig, prec: Precision | None = None, callbacks=(), loggers=(), **overrides
 ) -> L.Trainer:
-    """The Trainer of `cfg.trainer` with the precision set up for the device it chose, the
-    callbacks and loggers, and the run dir as root; `overrides` win over the config."""
+    """The Trainer of `cfg.trainer` with the callbacks, loggers and the run dir as root, and the
+    precision set up for the device it chose; `overrides` win over the config."""
     t, prec = cfg.trainer, prec or precision(cfg)
     clip = t.get("gradient_clip_val")
     if clip is not None and clip < 0:
         raise UserError(f"invalid config value for trainer.gradient_clip_val: {clip}; must be >= 0")
     if t.get("accumulate_grad_batches", 1) < 1:
         raise UserError("invalid config value for trainer.accumulate_grad_batches: must be >= 1")
-    fused = OmegaConf.select(cfg, "module.optimizer.fused", default=None)
-    if clip and fused and prec.name in ("16-mixed", "bf16-mixed"):
-        # A fused optimizer unscales the gradients inside its step: there is no point at which
-        # they could be clipped (Lightning would stop at the first step).
+    if (
+        clip
+        and OmegaConf.select(cfg, "module.optimizer.fused")
+        and prec.name in ("16-mixed", "bf16-mixed")
+    ):
         raise UserError(
             f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
             f"precision={prec.name}: the fused optimizer unscales the gradients inside its step, "
             "so they cannot be clipped before it; drop one of the two (32-true clips with it)"
         )
-    # cudnn autotuning: on unless the run must be deterministic (null in the config)
-    benchmark = (not t.get("deterministic")) if t.get("benchmark") is None else t.benchmark
     made = build(
         t,
         "trainer",
         precision=prec.trainer_precision,
-        benchmark=benchmark,
+        # cudnn autotuning: on unless the run must be deterministic (null in the config)
+        benchmark=(not t.get("deterministic")) if t.get("benchmark") is None else t.benchmark,
         callbacks=list(callbacks),
         logger=list(loggers) or False,
         default_root_dir=cfg.run_dir,
         **overrides,
     )
-    device, cores = made.strategy.root_device.type, os.cpu_count() or 1
-    if device == "cpu" and made.num_devices > cores:
-        raise UserError(
-            f"trainer.devices={t.devices}: only {cores} CPU core(s) here; valid: 1..{cores}, -1 (all) or auto"
-        )
-    if device == "cpu" and isinstance(made.strategy, DDPStrategy) and made.world_size == 1:
-        raise UserError(
-            f"trainer.strategy={t.strategy} with trainer.devices={t.devices} on CPU is a single "
-            "process, so there is nothing to distribute; use trainer=ddp_cpu (2 processes), "
-            "trainer.devices=N, or trainer.strategy=auto"
-        )
+    cores = os.cpu_count() or 1
+    if made.strategy.root_device.type == "cpu":
+        if made.num_devices > cores:
+            raise UserError(
+                f"trainer.devices={t.devices}: only {cores} CPU core(s) here; valid: 1..{cores}, -1 (all) or auto"
+            )
+        if isinstance(made.strategy, DDPStrategy) and made.world_size == 1:
+            raise UserError(
+                f"trainer.strategy={t.strategy} with trainer.devices={t.devices} on CPU is a single "
+                "process, so there is nothing to distribute; use trainer=ddp_cpu (2 processes), "
+                "trainer.devices=N, or trainer.strategy=auto"
+            )
     prec.setup(made)
     return made
 
 
 def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataModule:
     # A user's DataModule need not know about memory layouts; ours lays batches out once.
-    target = get_class(cfg.data._target_)
-    if "channels_last" in inspect.signature(target).parameters:
+    if "channels_last" in inspect.signature(get_class(cfg.data._target_)).parameters:
         return build(cfg.data, "data", channels_last=channels_last)
     if channels_last:
         log.warning(
             "Layout: the network is channels_last, but %s takes no channels_last argument: "
             "its batches keep the layout it gives them",
-            target.__name__,
+            cfg.data._target_.rsplit(".", 1)[-1],
         )
     return build(cfg.data, "data")
 
@@ -136,14 +138,9 @@ def module(
     cfg: DictConfig, num_classes: int, channels_last: bool = False, data_meta=None
 ) -> ImageClassifier:
     # Not recursive: `net`, `optimizer` and `scheduler` stay configs. The module builds the
-    # network (and saves its config in checkpoints) and configure_optimizers the others.
+    # network (and keeps its config in checkpoints), configure_optimizers the others.
     net = OmegaConf.to_container(cfg.model, resolve=True)
-    return build(
-        cfg.module,
-        "module",
-        recursive=False,
-        net=net,
-        num_classes=num_classes,
-        channels_last=channels_last,
-        data_meta=data_meta,
+    kwargs = dict(
+        net=net, num_classes=num_classes, channels_last=channels_last, data_meta=data_meta
     )
+    return build(cfg.module, "module", recursive=False, **kwargs)

@@ -20,7 +20,6 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback
 
-from cifar_amp.data.cifar import SPECS
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.module import ImageClassifier
 
@@ -142,41 +141,6 @@ class Checkpoint:
                 out[key] = next(iter(run.values()))
         return out
 
-    def data_meta(self) -> dict:
-        """What the network expects (`data_meta`: class names, mean/std, image size). For
-        checkpoints written before it existed: the defaults of the CIFAR data set they were
-        trained on. Without mean/std the images cannot be normalised as in training, so such
-        a checkpoint is refused; without class names, classes go by index."""
-        n, meta = self.hparams.get("num_classes"), self.hparams.get("data_meta")
-        where = f"{self.key}={self.path}"
-        if meta is None:
-            dataset = self.data.get(SETTINGS, {}).get("data.dataset")
-            if dataset is None and "CIFARDataModule" in self.data:  # older than the settings too
-                dataset = next((k for k, s in SPECS.items() if s.num_classes == n), None)
-            if dataset not in SPECS or SPECS[dataset].num_classes != n:
-                raise UserError(
-                    f"{where} does not say what its network expects (no data_meta: its "
-                    f"DataModule, {dataset or 'unknown'}, has no `meta`); add a `meta` property "
-                    "to the DataModule (docs/after-training.md) and train again"
-                )
-            log.warning(
-                "%s predates data_meta: assuming %s's normalisation, classes and size",
-                where,
-                dataset,
-            )
-            return SPECS[dataset].meta()
-        if missing := [k for k in ("mean", "std", "image_size") if not meta.get(k)]:
-            raise UserError(
-                f"{where}: its data_meta lacks {', '.join(missing)}, which say how the network's "
-                "images were normalised and sized; add them to the DataModule's `meta`"
-            )
-        names = meta.get("class_names")
-        if names and len(names) != n:
-            raise UserError(f"{where}: data_meta names {len(names)} classes, the net has {n}")
-        if not names:
-            log.warning("%s names no classes: classes go by their index", where)
-        return meta
-
     def module(self, **overrides) -> ImageClassifier:
         """The LightningModule this checkpoint holds, in eval mode: rebuilt from its
         hyperparameters (`overrides` win), with its weights. Where the run averaged weights
@@ -212,21 +176,10 @@ def resume_source(cfg) -> Path | None:
 
 class Record(Callback):
     """Writes into every checkpoint the settings a resume must keep and the version (run id)
-    of each logger, by its config key. Before a resumed fit, refuses a run shorter than the
-    optimizer steps the checkpoint has done (a one-cycle schedule could not go on)."""
+    of each logger, by its config key."""
 
-    def __init__(self, settings: dict, loggers: dict, resumed: Checkpoint | None) -> None:
-        self.settings, self.loggers, self.resumed = settings, loggers, resumed
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage != "fit" or self.resumed is None:
-            return
-        done, total = self.resumed.data.get("global_step", 0), trainer.estimated_stepping_batches
-        if done > total:
-            raise UserError(
-                f"trainer.max_epochs/max_steps: this run would take {total} optimizer steps, but "
-                f"the checkpoint has done {done}; resume with at least {done} steps, or start a new run"
-            )
+    def __init__(self, settings: dict, loggers: dict) -> None:
+        self.settings, self.loggers = settings, loggers
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[SETTINGS] = self.settings

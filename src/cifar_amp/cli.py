@@ -1,9 +1,9 @@
 """The command line: `train.py`, `eval.py` and the other entries hand over here.
 
-Before Hydra runs, overrides that cannot compose get one line and exit 2 (Hydra's own message
+Before Hydra runs, an override that cannot compose gets one line and exit 2 (Hydra's own message
 spans several lines and does not say what would be valid), in a `-m` sweep too: each swept
-value is composed once. During a sweep, a job whose values are wrong for it fails alone (its
-error goes to `<job dir>/error.txt`) and the sweep ends with a summary naming the failed jobs.
+value is composed once. In a sweep, a job whose values are wrong for it fails alone (its error
+goes to `<job dir>/error.txt`) and the sweep ends with a summary naming the failed jobs.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from cifar_amp.errors import EXIT_CODE, REPORTED, fail, one_line, reported
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ERROR_FILE = "error.txt"  # in a failed sweep job's directory
-SWEEP_FLAGS = ("-m", "--multirun")
 
 
 def main(task: Callable[[DictConfig], Any], name: str, schema: type | None = None) -> None:
@@ -45,45 +44,41 @@ def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
     """One Hydra job. A UserError (or Lightning's MisconfigurationException) is one line: exit
     2 in a single run; in a sweep the job fails alone (NaN to the sweeper, `error.txt`).
 
-    Under DDP, Lightning starts ranks > 0 by re-running ``sys.argv`` with ``hydra.run.dir=<the
-    job's dir>`` (lightning.fabric.strategies.launchers.subprocess_script). In a multirun that
-    argv still holds ``-m`` and the sweep, so each child would run the whole sweep again; and
-    the next job would find this one's process group and the LOCAL_RANK Lightning exported
-    (which says that someone else starts the ranks). So children re-run exactly this job, and
-    the process group and the environment end with it."""
+    Under DDP, Lightning starts ranks > 0 by re-running `sys.argv` with `hydra.run.dir=<the job's
+    dir>` (lightning.fabric.strategies.launchers.subprocess_script). In a multirun that argv
+    still holds `-m` and the sweep, so each child would run the whole sweep again; and the next
+    job would find this one's process group and the LOCAL_RANK Lightning exported (which says
+    that someone else starts the ranks). So children re-run exactly this job, and the process
+    group and the environment end with it."""
 
     @functools.wraps(task)
     def run(cfg: DictConfig):
         # Lightning, imported before Hydra set up logging, logs to a stderr handler of its own:
-        # hand its records to Hydra's instead (the console and the run's log file), so that
-        # stderr holds the errors.
+        # hand its records to Hydra's (the console, the run's log file); stderr is for errors.
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
         hc = HydraConfig.get() if HydraConfig.initialized() else None
-        sweeping = hc is not None and hc.mode == RunMode.MULTIRUN
+        if hc is None or hc.mode != RunMode.MULTIRUN:
+            with reported():
+                return task(cfg)
         env = dict(os.environ)
-        if sweeping:  # the job's own overrides (the sweeper's choices too); RUN beats `-m`
-            sys.argv = [sys.argv[0], *hc.overrides.task, "hydra.mode=RUN"]
-            with read_write(hc.run):
-                hc.run.dir = hc.runtime.output_dir
+        sys.argv = [sys.argv[0], *hc.overrides.task, "hydra.mode=RUN"]  # RUN beats a `-m` config
+        with read_write(hc.run):
+            hc.run.dir = hc.runtime.output_dir
         try:
-            if not sweeping:
-                with reported():
-                    return task(cfg)
             return task(cfg)
-        except REPORTED as e:  # a sweep's job
+        except REPORTED as e:
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            Path(hc.runtime.output_dir, ERROR_FILE).write_text(one_line(e) + "\n")
             log.error("%s", one_line(e))
+            Path(hc.runtime.output_dir, ERROR_FILE).write_text(one_line(e) + "\n")
             return math.nan
         finally:
             if dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()
-            if sweeping:
-                os.environ.clear()
-                os.environ.update(env)
+            os.environ.clear()
+            os.environ.update(env)
 
     return run
 
@@ -101,26 +96,20 @@ class SweepSummary(Callback):
             for p in root.glob("*/.hydra/overrides.yaml")
         }
         varying = set.union(set(), *jobs.values()) - set.intersection(*map(set, jobs.values()))
-        lines = []
+        lines = [f"error: {len(failed)} job(s) of the sweep in {root} failed:"]
         for path in failed:
             which = " ".join(o for o in jobs.get(path.parent.name, []) if o in varying)
             lines.append(f"  job {path.parent.name} ({which}): {path.read_text().strip()}")
-        print(
-            f"error: {len(failed)} job(s) of the sweep in {root} failed:\n" + "\n".join(lines),
-            file=sys.stderr,
-        )
+        print("\n".join(lines), file=sys.stderr)
         sys.exit(EXIT_CODE)
 
 
 def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None:
-    """Exit 2 with one line for an override that cannot compose, before Hydra runs.
-
-    An unknown group option (with the valid ones), a key that does not exist (with the close
-    matches and the valid keys), a value of the wrong type. In a sweep each listed value is
-    tried once. Other flags (--cfg, --help, ...) and malformed overrides are left to Hydra.
-    """
-    _check_group_choices(argv, config_dir)
-    if any(a.startswith("-") and a not in SWEEP_FLAGS for a in argv):
+    """Exit 2 with one line for an override that cannot compose, before Hydra runs: an unknown
+    group option (with the valid ones), a key that does not exist (with the close matches and
+    the valid keys), a value of the wrong type. Other flags (--cfg, --help, ...) and malformed
+    overrides are left to Hydra."""
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return
     try:
         jobs = _one_job_per_value([a for a in argv if not a.startswith("-")])
@@ -145,8 +134,7 @@ def _one_job_per_value(argv: list[str]) -> list[list[str]]:
         try:
             values.append([f"{prefix}={v}" for v in o.sweep_string_iterator()])
         except Exception:
-            values.append([])
-    values = [v for v in values if v]
+            pass
     jobs = [[v[0] for v in values]]
     for i, v in enumerate(values):
         jobs += [[*jobs[0][:i], other, *jobs[0][i + 1 :]] for other in v[1:]]
@@ -155,7 +143,7 @@ def _one_job_per_value(argv: list[str]) -> list[list[str]]:
 
 def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
     from hydra import compose, initialize_config_dir
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import ConfigCompositionException, MissingConfigException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     def composed(overrides):
@@ -165,6 +153,10 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
     try:
         composed(argv)
         return
+    except MissingConfigException as e:  # an option of a group that does not exist
+        group, _, choice = str(e.missing_cfg_file).rpartition("/")
+        valid = e.options or sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+        fail(f"{group}={choice} is not an option; valid: {', '.join(valid)}")
     except ConfigCompositionException as e:
         cause = e.__cause__
     except Exception:  # anything else (syntax, ...): Hydra reports it in its own words
@@ -179,8 +171,7 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
         parent, _, name = key.rpartition(".")
         try:
             node = composed([a for a in argv if a != bad])
-            node = OmegaConf.select(node, parent) if parent else node
-            valid = sorted(str(k) for k in node.keys())
+            valid = sorted(str(k) for k in (OmegaConf.select(node, parent) if parent else node))
         except Exception:
             valid = []
         close = difflib.get_close_matches(name, valid, n=1)
@@ -188,25 +179,3 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
         fail(
             f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}: {', '.join(valid)}"
         )
-
-
-def _check_group_choices(argv: list[str], config_dir: Path) -> None:
-    """Exit 2 with one line if an override picks a config group option that does not exist.
-    Sweeps (`precision=32-true,16-mixed`) are checked item by item."""
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        group = config_dir / key.lstrip("+")
-        if (
-            not sep
-            or "." in key
-            or "/" in key
-            or key.startswith("~")
-            or not group.is_dir()
-            or "(" in value
-        ):
-            continue
-        valid = sorted(p.stem for p in group.glob("*.yaml"))
-        # `a,b` is a sweep, `[a,b]` several options of the group merged (callbacks=[default,rich])
-        for choice in (c.strip() for c in value.strip("[]").split(",")):
-            if choice not in valid and choice != "null":
-                fail(f"{key}={choice} is not an option; valid: {', '.join(valid)}")

@@ -77,11 +77,7 @@ def schema(target: Any, exclude: tuple[str, ...] = (), with_target: bool = True)
         path = f"{target.__module__}.{target.__qualname__}"
         fields.append(("_target_", str, field(default=path)))
     for name, p in inspect.signature(target).parameters.items():
-        if (
-            name in exclude
-            or name in PASSED_BY_BUILD
-            or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ):
+        if name in exclude or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         hint = hints.get(name, Any)
         nested = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Nested)), None)
@@ -92,15 +88,13 @@ def schema(target: Any, exclude: tuple[str, ...] = (), with_target: bool = True)
         if typing.get_origin(hint) is typing.Annotated:
             hint = typing.get_args(hint)[0]
         typ, value = _field_type(hint), p.default
-        if value is inspect.Parameter.empty:
-            fields.append((name, typ, field(default=MISSING)))
-            continue
-        if name == "seed":  # one seed for the whole run: the top-level `seed`
+        if value is inspect.Parameter.empty:  # required: the YAML or the user sets it
+            value = MISSING
+        elif name == "seed":  # one seed for the whole run: the top-level `seed`
             typ, value = Any, "${seed}"
-        value = list(value) if isinstance(value, tuple) else value
-        value = dict(value) if isinstance(value, typing.Mapping) else value
-        if isinstance(value, (dict, list)) and not dataclasses.is_dataclass(typ):
-            typ = Any
+        elif isinstance(value, (tuple, list, typing.Mapping)):
+            value = dict(value) if isinstance(value, typing.Mapping) else list(value)
+            typ = typ if dataclasses.is_dataclass(typ) else Any
         fields.append((name, typ, field(default_factory=functools.partial(lambda v: v, value))))
     return make_dataclass(f"{getattr(target, '__name__', 'Target')}Schema", fields)
 

@@ -11,7 +11,6 @@ import sys
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 log = logging.getLogger(__name__)
-
 EXIT_CODE = 2
 
 
@@ -21,7 +20,7 @@ class UserError(Exception):
 
 class InvalidArgument(ValueError):
     """Raised by a constructor for an out-of-range argument; the builder that called it names
-    the config key (``invalid config value for data.batch_size: 0; must be >= 1``)."""
+    the config key (`invalid config value for data.batch_size: 0; must be >= 1`)."""
 
     def __init__(self, arg: str, value, rule: str) -> None:
         super().__init__(f"{arg}: {value}; {rule}")
@@ -36,8 +35,7 @@ class NestedBuildError(Exception):
         self.key = key
 
 
-# Lightning's own refusals of a configuration are one-line user errors too.
-REPORTED = (UserError, MisconfigurationException)
+REPORTED = (UserError, MisconfigurationException)  # Lightning's refusals are one line too
 
 
 def one_line(e: BaseException) -> str:

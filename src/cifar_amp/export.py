@@ -32,7 +32,7 @@ from cifar_amp import tta as TTA
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.inputs import read
-from cifar_amp.prediction import normaliser
+from cifar_amp.prediction import data_meta, normaliser
 
 log = logging.getLogger("cifar_amp.export")  # not "__main__" under python -m
 
@@ -82,7 +82,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
             f"invalid config value for verify_images: {cfg.verify_images}; must be >= 1"
         )
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
-    meta = ckpt.data_meta()
+    meta = data_meta(ckpt)
     module = ckpt.module(**({"tta": cfg.tta} if cfg.tta else {}))
     n = module.hparams.num_classes
     if not Path(cfg.input).exists():

@@ -52,7 +52,7 @@ def read(path: str | Path, meta: dict, num_classes: int) -> Inputs:
 def _batch_file_hint(root: Path) -> str:
     names = {p.name for p in root.iterdir()}
     for spec in SPECS.values():
-        if found := [n for n in spec.test_files + spec.train_files if n in names]:
+        if found := [n for n in spec.files("test") + spec.files("train") if n in names]:
             return f"; for a CIFAR batch file give the file itself, e.g. input={root / found[0]}"
     return ""
 
@@ -87,7 +87,7 @@ def read_batch_file(path: Path, meta: dict, num_classes: int) -> Inputs:
         ) from e
     ours = meta.get("class_names")
     spec = next((s for s in SPECS.values() if s.label_key == key), None)
-    theirs = spec and (spec.class_names(path.parent) or list(spec.classes))
+    theirs = spec and spec.meta(path.parent)["class_names"]
     if theirs is not None and (list(theirs) != list(ours) if ours else len(theirs) != num_classes):
         trained = f"{num_classes}" + (f": {', '.join(ours[:3])}, ..." if ours else "")
         raise UserError(

@@ -38,10 +38,10 @@ ONE_CYCLE = MappingProxyType(
 class ImageClassifier(LightningModule):
     """Cross-entropy classification with the network that `net` (`_target_` + arguments) builds.
 
-    Metrics are torchmetrics objects that a step only `update()`s on the device; they are
-    logged (computed, one host read) in the epoch-end hooks. Calling a metric (`forward`) or
-    `self.log`-ging it in a step would also compute a per-batch value and walk Lightning's
-    result collection at every step: host work the GPU waits for (docs/benchmarks-gpu.md).
+    A step only `update()`s the torchmetrics objects, on the device; they are computed and
+    logged (one host read) at epoch end. Calling a metric or `self.log`-ging it in a step would
+    compute a per-batch value and walk Lightning's result collection at every step: host work
+    the GPU waits for.
     """
 
     def __init__(
@@ -49,9 +49,8 @@ class ImageClassifier(LightningModule):
         net: Mapping,
         num_classes: int,
         # What configure_optimizers instantiates with `params=`. `fused: true`: one kernel per
-        # step, and under 16-mixed the GradScaler skips a step without reading its inf check
-        # on the host; it cannot be combined with clipping under 16-bit mixed modes. null =
-        # torch's choice.
+        # step, and under 16-mixed the GradScaler skips a step without reading its inf check on
+        # the host; it cannot be combined with clipping under 16-bit mixed modes. null = torch's.
         optimizer: Mapping = SGD,
         # Instantiated with `optimizer=`, stepped every optimizer step; one that takes
         # `total_steps` is planned for the run's optimizer steps. null = a constant rate.
@@ -71,22 +70,28 @@ class ImageClassifier(LightningModule):
         # size); passed by build.py and kept in every checkpoint for predict and export.
         data_meta: Optional[dict] = None,
     ) -> None:
-        if not 0.0 <= label_smoothing < 1.0:
-            raise InvalidArgument("label_smoothing", label_smoothing, "must be in [0, 1)")
-        if tta not in TTA.MODES:
-            raise InvalidArgument("tta", repr(tta), f"valid: {', '.join(TTA.MODES)}")
-        if compile_mode not in COMPILE_MODES:
-            raise InvalidArgument(
-                "compile_mode", repr(compile_mode), f"valid: {', '.join(COMPILE_MODES)}"
-            )
-        if not 1 <= tta_shift <= 8:
-            raise InvalidArgument("tta_shift", tta_shift, "must be in [1, 8]")
         lr = optimizer.get("lr")
-        if isinstance(lr, (int, float)) and not (lr > 0 and math.isfinite(lr)):
-            raise InvalidArgument("optimizer.lr", lr, "must be > 0")
+        for arg, value, ok, rule in (
+            ("label_smoothing", label_smoothing, 0.0 <= label_smoothing < 1.0, "must be in [0, 1)"),
+            ("tta", repr(tta), tta in TTA.MODES, f"valid: {', '.join(TTA.MODES)}"),
+            ("tta_shift", tta_shift, 1 <= tta_shift <= 8, "must be in [1, 8]"),
+            (
+                "compile_mode",
+                repr(compile_mode),
+                compile_mode in COMPILE_MODES,
+                f"valid: {', '.join(COMPILE_MODES)}",
+            ),
+            (
+                "optimizer.lr",
+                lr,
+                not isinstance(lr, (int, float)) or (lr > 0 and math.isfinite(lr)),
+                "must be > 0",
+            ),
+        ):
+            if not ok:
+                raise InvalidArgument(arg, value, rule)
         # Plain dicts, saved with the rest: a checkpoint rebuilds this module from itself.
-        net, optimizer = dict(net), dict(optimizer)
-        scheduler = dict(scheduler) if scheduler else None
+        net, optimizer, scheduler = dict(net), dict(optimizer), scheduler and dict(scheduler)
         super().__init__()
         self.save_hyperparameters(logger=False)
         try:
@@ -95,11 +100,13 @@ class ImageClassifier(LightningModule):
             raise NestedBuildError("model", e) from e
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
-        # validate_args and the NaN check would read tensors on the host at every step
-        # (a device sync per step); labels come from our loader and the loss is finite.
+        # validate_args and the NaN check would read tensors on the host at every step.
         for stage in NAMES:
-            acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
-            setattr(self, f"{stage}_acc", acc)
+            setattr(
+                self,
+                f"{stage}_acc",
+                MulticlassAccuracy(num_classes, average="micro", validate_args=False),
+            )
             setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
         self.val_acc_best = MaxMetric()
         # Checkpointed: the best score, and the running training metrics for a mid-epoch resume.
@@ -116,24 +123,28 @@ class ImageClassifier(LightningModule):
 
     def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         x, y = batch
-        if stage == "test" or (stage == "val" and self.hparams.tta_val):
-            logits = TTA.predict(self, x, self.hparams.tta, self.hparams.tta_shift)
-        else:
-            logits = self(x)
-        smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
-        loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
+        hp = self.hparams
+        logits = (
+            TTA.predict(self, x, hp.tta, hp.tta_shift)
+            if stage == "test" or (stage == "val" and hp.tta_val)
+            else self(x)
+        )
+        loss = F.cross_entropy(
+            logits, y, label_smoothing=hp.label_smoothing if stage == "train" else 0.0
+        )
         # One value per sample, so the epoch value is a per-sample mean whatever the batch
-        # sizes (and ranks); `weight=` would be dropped by torchmetrics under nan_strategy="disable".
+        # sizes and ranks (torchmetrics drops `weight=` under nan_strategy="disable").
         getattr(self, f"{stage}_loss").update(loss.detach().expand(len(y)))
         getattr(self, f"{stage}_acc").update(logits.detach(), y)
         return loss
 
     def _log_epoch(self, stage: str) -> None:
         # Lightning computes the logged metric objects (synced across ranks) and resets them.
-        loss_name, acc_name = NAMES[stage]
-        epoch = {"on_step": False, "on_epoch": True}  # also when called from a batch hook
-        self.log(loss_name, getattr(self, f"{stage}_loss"), prog_bar=stage != "train", **epoch)
-        self.log(acc_name, getattr(self, f"{stage}_acc"), prog_bar=True, **epoch)
+        for name, metric in zip(NAMES[stage], ("loss", "acc"), strict=True):
+            bar = metric == "acc" or stage != "train"
+            self.log(
+                name, getattr(self, f"{stage}_{metric}"), prog_bar=bar, on_step=False, on_epoch=True
+            )
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         return self._step(batch, "train")
@@ -163,10 +174,9 @@ class ImageClassifier(LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
-        if self.trainer.sanity_checking:
-            return
-        self.val_acc_best(self.val_acc.compute())
-        self.log(M.VAL_ACC_BEST, self.val_acc_best.compute(), sync_dist=False)
+        if not self.trainer.sanity_checking:
+            self.val_acc_best(self.val_acc.compute())
+            self.log(M.VAL_ACC_BEST, self.val_acc_best.compute(), sync_dist=False)
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
@@ -185,27 +195,23 @@ class ImageClassifier(LightningModule):
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:
         """Class probabilities (N, num_classes), float32, of images normalised as in training
-        (a batch, or a tuple whose first item is one), with the test-time augmentation of test."""
+        (a batch, or a tuple whose first item is one), with test's test-time augmentation."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return TTA.predict(self, x, self.hparams.tta, self.hparams.tta_shift).float().softmax(-1)
 
     def configure_optimizers(self):
         optimizer = instantiate(self.hparams.optimizer, params=self.parameters())
-        if not self.hparams.scheduler:
+        if not (scheduler := self.hparams.scheduler):
             return optimizer
         planned = {}
-        if (
-            "total_steps"
-            in inspect.signature(get_class(self.hparams.scheduler["_target_"])).parameters
-        ):
-            total = self.trainer.estimated_stepping_batches
-            if not math.isfinite(total):
+        if "total_steps" in inspect.signature(get_class(scheduler["_target_"])).parameters:
+            if not math.isfinite(total := self.trainer.estimated_stepping_batches):
                 raise UserError(
                     "module.scheduler: a one-cycle schedule needs a run of known length; "
                     "set trainer.max_epochs or trainer.max_steps"
                 )
             planned["total_steps"] = int(total)
-        scheduler = instantiate(self.hparams.scheduler, optimizer=optimizer, **planned)
+        scheduler = instantiate(scheduler, optimizer=optimizer, **planned)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},

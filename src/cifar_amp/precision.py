@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -14,13 +14,12 @@ from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
-
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 SIXTEEN_BIT = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
 
 
 class Precision:
-    """What `precision=<name>` turns into.
+    """What `precision=<name>` turns into; `setup(trainer)` applies it once the device is known.
 
     Args:
         name: Lightning's precision name. `16-mixed` is float16 autocast + GradScaler on every
@@ -28,9 +27,9 @@ class Precision:
         scaler: torch.amp.GradScaler arguments (defaults are torch's); `16-mixed` only.
         channels_last: NHWC network and batches. null = on for 16-bit modes on CUDA, where
             tensor-core convolutions want NHWC; off elsewhere (on CPU it is slower).
-        tf32: let float32 convolutions and matmuls use TF32 tensor cores on Ampere or newer
-            GPUs. True is PyTorch's own default for cuDNN convolutions, so `32-true` is then
-            really TF32 for a conv net; false gives strict IEEE fp32 (the slow baseline).
+        tf32: let float32 convolutions and matmuls use TF32 tensor cores (Ampere or newer).
+            True is PyTorch's own default for cuDNN convolutions, so `32-true` is then really
+            TF32 for a conv net; false gives strict IEEE fp32 (the slow baseline).
     """
 
     def __init__(
@@ -43,10 +42,11 @@ class Precision:
         if name not in NAMES:
             raise InvalidArgument("name", repr(name), f"valid: {', '.join(NAMES)}")
         self.name, self.tf32, self._channels_last = name, tf32, channels_last
-        self.layout: bool | None = None  # channels_last or not, decided by setup()
+        self.layout: bool | None = None  # channels_last or not: decided by setup()
         params = inspect.signature(torch.amp.GradScaler).parameters
-        self.scaler = {k: p.default for k, p in params.items() if k != "device"} | (scaler or {})
-        s = self.scaler
+        s = self.scaler = {k: p.default for k, p in params.items() if k != "device"} | (
+            scaler or {}
+        )
         for key, ok, rule in (
             ("init_scale", s["init_scale"] > 0, "must be > 0"),
             ("growth_factor", s["growth_factor"] > 1, "must be > 1"),
@@ -58,8 +58,8 @@ class Precision:
 
     @property
     def trainer_precision(self) -> str:
-        """The Trainer's `precision=`. A `16-mixed` plugin is made for the device the Trainer
-        picks (:meth:`setup`), so such a Trainer starts in 32-true."""
+        """The Trainer's `precision=`. The 16-mixed plugin is made for the device the Trainer
+        picks (setup), so such a Trainer starts in 32-true."""
         return "32-true" if self.name == "16-mixed" else self.name
 
     def channels_last(self, device: str) -> bool:
@@ -68,15 +68,18 @@ class Precision:
         return device == "cuda" and self.name in SIXTEEN_BIT
 
     def setup(self, trainer) -> None:
-        """Once the Trainer has chosen its device: the 16-mixed plugin with this GradScaler,
-        TF32, whether network and batches are channels_last (`layout`), a one-line log."""
+        """For the device the Trainer chose: the 16-mixed plugin with this GradScaler, TF32,
+        the layout; one line in the log."""
         device = trainer.strategy.root_device
-        if device.type == "cuda" and self.name.startswith("bf16"):
-            if not torch.cuda.is_bf16_supported():
-                raise UserError(
-                    f"precision={self.name}: {torch.cuda.get_device_name(device)} has no "
-                    "bfloat16 support; valid here: 16-mixed, 32-true, 16-true"
-                )
+        if (
+            device.type == "cuda"
+            and self.name.startswith("bf16")
+            and not torch.cuda.is_bf16_supported()
+        ):
+            raise UserError(
+                f"precision={self.name}: {torch.cuda.get_device_name(device)} has no bfloat16 "
+                "support; valid here: 16-mixed, 32-true, 16-true"
+            )
         if self.name == "16-mixed":
             scaler = torch.amp.GradScaler(device.type, **self.scaler)
             trainer.strategy.precision_plugin = MixedPrecision("16-mixed", device.type, scaler)
@@ -87,11 +90,8 @@ class Precision:
 
     def describe(self, trainer) -> str:
         """One line: plugin, autocast dtype, scaler settings, layout and TF32."""
-        text = describe_plugin(trainer)
-        text += "; layout " + (
-            "channels_last (network and batches)" if self.layout else "contiguous (NCHW)"
-        )
-        device = trainer.strategy.root_device
+        layout = "channels_last (network and batches)" if self.layout else "contiguous (NCHW)"
+        text, device = f"{describe_plugin(trainer)}; layout {layout}", trainer.strategy.root_device
         if device.type != "cuda":
             return text
         if torch.cuda.get_device_capability(device)[0] < 8:
@@ -106,12 +106,13 @@ class Precision:
 def describe_plugin(trainer) -> str:
     """One line: the precision plugin in use, its autocast dtype and scaler settings."""
     plugin = trainer.precision_plugin
-    name = type(plugin).__name__
     if not isinstance(plugin, MixedPrecision):
-        return f"{trainer.precision}: {name}, no autocast, no GradScaler"
+        return f"{trainer.precision}: {type(plugin).__name__}, no autocast, no GradScaler"
     dtype = "bfloat16" if plugin.precision == "bf16-mixed" else "float16"
-    text = f"{plugin.precision}: {dtype} autocast on {plugin.device} ({name})"
-    sc: Any = plugin.scaler
+    text, sc = (
+        f"{plugin.precision}: {dtype} autocast on {plugin.device} ({type(plugin).__name__})",
+        plugin.scaler,
+    )
     if sc is None or not sc.is_enabled():
         return text + (", no GradScaler" if sc is None else ", GradScaler disabled")
     return (

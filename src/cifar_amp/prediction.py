@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from cifar_amp import build, runs
-from cifar_amp.checkpoints import Checkpoint
+from cifar_amp.checkpoints import SETTINGS, Checkpoint
+from cifar_amp.data.cifar import SPECS
 from cifar_amp.errors import UserError
 from cifar_amp.inputs import Inputs, read
 
@@ -46,6 +47,42 @@ class PredictConfig:
     batch_size: int = 256  # images per forward pass
     tta: Optional[str] = None  # test-time augmentation; null: the checkpoint's (module.tta)
     trust_checkpoint: bool = False  # as in train.yaml
+
+
+def data_meta(ckpt: Checkpoint) -> dict:
+    """What the network expects (`data_meta`: class names, mean/std, image size). For
+    checkpoints written before it existed: the defaults of the CIFAR data set they were
+    trained on. Without mean/std the images cannot be normalised as in training, so such
+    a checkpoint is refused; without class names, classes go by index."""
+    n, meta = ckpt.hparams.get("num_classes"), ckpt.hparams.get("data_meta")
+    where = f"{ckpt.key}={ckpt.path}"
+    if meta is None:
+        dataset = ckpt.data.get(SETTINGS, {}).get("data.dataset")
+        if dataset is None and "CIFARDataModule" in ckpt.data:  # older than the settings too
+            dataset = next((k for k, s in SPECS.items() if s.num_classes == n), None)
+        if dataset not in SPECS or SPECS[dataset].num_classes != n:
+            raise UserError(
+                f"{where} does not say what its network expects (no data_meta: its "
+                f"DataModule, {dataset or 'unknown'}, has no `meta`); add a `meta` property "
+                "to the DataModule (docs/after-training.md) and train again"
+            )
+        log.warning(
+            "%s predates data_meta: assuming %s's normalisation, classes and size",
+            where,
+            dataset,
+        )
+        return SPECS[dataset].meta()
+    if missing := [k for k in ("mean", "std", "image_size") if not meta.get(k)]:
+        raise UserError(
+            f"{where}: its data_meta lacks {', '.join(missing)}, which say how the network's "
+            "images were normalised and sized; add them to the DataModule's `meta`"
+        )
+    names = meta.get("class_names")
+    if names and len(names) != n:
+        raise UserError(f"{where}: data_meta names {len(names)} classes, the net has {n}")
+    if not names:
+        log.warning("%s names no classes: classes go by their index", where)
+    return meta
 
 
 def normaliser(meta: dict) -> v2.Transform:
@@ -72,7 +109,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     if cfg.batch_size < 1:
         raise UserError(f"invalid config value for batch_size: {cfg.batch_size}; must be >= 1")
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
-    meta = ckpt.data_meta()
+    meta = data_meta(ckpt)
     prec = build.precision(cfg)
     trainer = build.trainer(cfg, prec)
     if trainer.world_size > 1:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
-from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
@@ -23,16 +22,13 @@ log = logging.getLogger(__name__)
 LOCK = ".lock"
 
 
-# -- the run dir -----------------------------------------------------------------------------
 @contextlib.contextmanager
 def claim(run_dir: str, resuming: bool):
-    """Hold `run_dir` for the life of the run (an OS lock on `<run_dir>/.lock`, released on exit,
-    also by a kill), refuse a dir that another run holds or already used (unless resuming),
-    and keep the logs of the run being resumed. Only global rank 0 claims: the other ranks of a DDP run share its dir.
-
-    The lock closes the gap in the re-use check: two runs started at once with the same
-    `hydra.run.dir` would both find the dir unused.
-    """
+    """Hold `run_dir` for the run's life (an OS lock on `<run_dir>/.lock`, released on exit,
+    also by a kill); refuse a dir that another run holds, or one already used unless resuming;
+    keep the CSV log of the run resumed (Lightning's CSVLogger deletes metrics.csv when it
+    starts). The lock closes the gap in the re-use check: two runs started at once with the
+    same `hydra.run.dir` would both find it unused. Only global rank 0 claims."""
     if rank_zero_only.rank != 0:
         yield
         return
@@ -47,20 +43,16 @@ def claim(run_dir: str, resuming: bool):
             "wait for that run to end or pick a new hydra.run.dir"
         ) from None
     try:
-        # A SLURM requeue resumes from hpc_ckpt_*.ckpt without a ckpt_path.
-        if (root / "config.yaml").exists() and not (
-            resuming or (SLURMEnvironment.detect() and any(root.glob("hpc_ckpt_*.ckpt")))
-        ):
+        if (root / "config.yaml").exists() and not resuming:
             raise UserError(
                 f"run dir {run_dir} already holds a run; resume it with "
                 f"ckpt_path={root / 'checkpoints' / 'last.ckpt'} or pick a new hydra.run.dir"
             )
-        # Lightning's CSVLogger deletes an existing metrics.csv when it starts: move it aside.
         old, n = root / "metrics.csv", 1
-        while old.is_file() and (kept := old.with_name(f"metrics.{n}.csv")).exists():
+        while old.is_file() and old.with_name(f"metrics.{n}.csv").exists():
             n += 1
         if old.is_file():
-            old.rename(kept)
+            old.rename(old.with_name(f"metrics.{n}.csv"))
         yield
     finally:
         lock.release()

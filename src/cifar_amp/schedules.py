@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from cifar_amp.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -36,8 +38,7 @@ class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
       total_steps` is a whole number >= 2, the learning rates are torch's.
     - Re-planned on resume: a checkpoint planned for another number of steps (a changed
       `trainer.max_epochs` or `max_steps`) continues on the schedule of a run of the new length,
-      from the step it reached. (The template refuses a length below the steps done before
-      fit, in checkpoints.py.)
+      from the step it reached; a length below the steps already done is refused.
     """
 
     def __init__(
@@ -105,7 +106,11 @@ class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
             super().load_state_dict(state_dict)
             return
         if done > self.total_steps:
-            raise ValueError(f"the schedule has {self.total_steps} steps; {done} are done already")
+            raise UserError(
+                f"trainer.max_epochs/max_steps: this run would take {self.total_steps} optimizer "
+                f"steps, but the checkpoint has done {done} (its schedule was planned for "
+                f"{planned}); resume with at least {done} steps, or start a new run"
+            )
         if rank_zero_only.rank == 0:
             log.warning(
                 "OneCycleLR: planned for %d steps, re-planned for %d (trainer.max_epochs/max_steps "

@@ -57,7 +57,7 @@ def build_run(cfg: DictConfig) -> Run:
     if resumed:  # first: it names the setting that differs
         resumed.check_settings(settings)
     loggers = build.loggers(cfg, resumed.tracker_versions(cfg.logger) if resumed else None)
-    callbacks.append(checkpoints.Record(settings, loggers, resumed))
+    callbacks.append(checkpoints.Record(settings, loggers))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     dm = build.datamodule(cfg, prec.layout)
     # A DataModule of yours need not have `meta`; predict then refuses its checkpoints.

@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-
-from cifar_amp.data.augment import translate
 
 MODES = ("none", "flip", "flip_shift")
 
@@ -24,9 +23,11 @@ def _flip_mean(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
 
 
 def views(x: Tensor, shift: int) -> list[Tensor]:
-    """The two shifted copies of `x` that `flip_shift` uses (before mirroring)."""
-    s = torch.full((x.shape[0], 2), shift, device=x.device)
-    return [translate(x, -s, shift), translate(x, s, shift)]
+    """The two copies of `x` that `flip_shift` uses (before mirroring): shifted by (-shift,
+    -shift) and by (+shift, +shift), filled from a reflect-padded border."""
+    h, w = x.shape[-2:]
+    padded = F.pad(x, (shift,) * 4, mode="reflect")
+    return [padded[..., :h, :w], padded[..., 2 * shift :, 2 * shift :]]
 
 
 def predict(

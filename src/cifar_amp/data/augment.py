@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from cifar_amp.errors import InvalidArgument
@@ -68,22 +67,6 @@ def draw(n: int, epoch: int, seed: int, cfg, device: torch.device, size: int = 3
     shift = torch.randint(-t, t + 1, (n, 2), generator=g, device=device)
     cutout = torch.randint(0, size, (n, 2), generator=g, device=device)
     return Draw(flip if cfg.flip else torch.zeros_like(flip), shift, cutout)
-
-
-def translate(x: Tensor, shift: Tensor, pad: int) -> Tensor:
-    """Shift each image by its own (dy, dx), filling from a reflect-padded border.
-
-    out[n, :, i, j] == x_padded[n, :, pad + i + dy[n], pad + j + dx[n]]
-    """
-    if pad == 0:
-        return x
-    n, _, h, w = x.shape
-    padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
-    rows = torch.arange(h, device=x.device)[None, :] + (pad + shift[:, 0:1])  # (N, H)
-    cols = torch.arange(w, device=x.device)[None, :] + (pad + shift[:, 1:2])  # (N, W)
-    batch = torch.arange(n, device=x.device)[:, None, None]
-    out = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]  # (N, H, W, C)
-    return out.permute(0, 3, 1, 2)
 
 
 def cutout(x: Tensor, centre: Tensor, size: int) -> Tensor:

@@ -1,8 +1,8 @@
 """CIFAR-10/100 in the official python format, decoded once into uint8 tensors on the device.
 
-Our own download uses torchvision's utilities and verifies the archive's checksum; a folder
-the user supplies is read as it is (no checksum list), with each file checked for shape and
-labels so that a broken folder is reported by file, not as a crash in the middle of training.
+Our own download uses torchvision's utilities and verifies the archive's checksum; a folder the
+user supplies is read as it is (no checksum list), each file checked for shape and labels, so
+that a broken folder is named by file instead of crashing mid-training.
 """
 
 from __future__ import annotations
@@ -33,67 +33,35 @@ class Spec:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     classes: tuple[str, ...]  # the official label names, for folders without a names file
-    label_key: str  # of the batch files: `labels` (CIFAR-10) or `fine_labels` (CIFAR-100)
+    label_key: str  # of the batch files
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
 
-    @property
-    def folder(self) -> str:
-        return self.tv.base_folder
+    def files(self, split: str) -> list[str]:
+        return [name for name, _ in getattr(self.tv, f"{split}_list")]
 
-    @property
-    def train_files(self) -> list[str]:
-        return [name for name, _ in self.tv.train_list]
-
-    @property
-    def test_files(self) -> list[str]:
-        return [name for name, _ in self.tv.test_list]
-
-    def meta(self, class_names: list[str] | None = None) -> dict:
-        """What a network trained on this data expects (see CIFARDataModule.meta)."""
-        names = list(class_names or self.classes)
+    def meta(self, folder: Path | None = None) -> dict:
+        """What a network trained on this data expects (CIFARDataModule.meta), with the class
+        names of `folder`'s names file where it has a readable one."""
+        names, path = self.classes, folder and folder / self.tv.meta["filename"]
+        try:
+            with open(path, "rb") as f:
+                found = [str(n) for n in pickle.load(f, encoding="latin1")[self.tv.meta["key"]]]
+            names = found if len(found) == self.num_classes else names
+        except (TypeError, FileNotFoundError):  # no folder, no names file: the official names
+            pass
+        except Exception as e:  # only the names are lost
+            log.warning("%s is unreadable (%s); using the official class names", path, e)
         return {
-            "class_names": names,
+            "class_names": list(names),
             "mean": list(self.mean),
             "std": list(self.std),
             "image_size": [32, 32],
         }
 
-    def class_names(self, folder: Path) -> list[str] | None:
-        """The label names in `folder`'s names file (batches.meta / meta), or None where it has
-        none or a broken one (the official names stand in)."""
-        path = folder / self.tv.meta["filename"]
-        if not path.is_file():
-            return None
-        try:
-            with open(path, "rb") as f:
-                names = [str(n) for n in pickle.load(f, encoding="latin1")[self.tv.meta["key"]]]
-        except Exception as e:
-            log.warning(
-                "%s is unreadable (%s: %s); using the official names", path, type(e).__name__, e
-            )
-            return None
-        if len(names) != self.num_classes:
-            log.warning(
-                "%s names %d classes, not %d; using the official names",
-                path,
-                len(names),
-                self.num_classes,
-            )
-            return None
-        return names
 
-
-CIFAR100_CLASSES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy
-bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach
-couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
-keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain mouse
-mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
-porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
-snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
-tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm"""
 SPECS = {
     "cifar10": Spec(
         CIFAR10,
@@ -106,17 +74,25 @@ SPECS = {
         CIFAR100,
         (0.5071, 0.4865, 0.4409),
         (0.2673, 0.2564, 0.2762),
-        tuple(CIFAR100_CLASSES.split()),
+        tuple(
+            """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge
+bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch
+crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
+keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain mouse
+mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
+porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
+snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
+tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split()
+        ),
         "fine_labels",
     ),
 }
 
 
 def find_folder(data_dir: str | Path, spec: Spec) -> Path | None:
-    """`data_dir/<folder>` or `data_dir` itself, whichever holds the first training file."""
-    root = Path(data_dir)
-    for cand in (root / spec.folder, root):
-        if (cand / spec.train_files[0]).exists() or (cand / spec.test_files[0]).exists():
+    """`data_dir/<folder>` or `data_dir` itself, whichever holds the first batch file."""
+    for cand in (Path(data_dir) / spec.tv.base_folder, Path(data_dir)):
+        if any((cand / spec.files(split)[0]).exists() for split in ("train", "test")):
             return cand
     return None
 
@@ -124,13 +100,14 @@ def find_folder(data_dir: str | Path, spec: Spec) -> Path | None:
 def locate_or_download(data_dir: str | Path, spec: Spec, download: bool) -> Path:
     if (folder := find_folder(data_dir, spec)) is not None:
         return folder
+    want = spec.tv.base_folder
     how = (
         f"either connect to the internet (it is downloaded into {data_dir}/), or point "
-        f"data.data_dir at a folder that contains {spec.folder}/"
+        f"data.data_dir at a folder that contains {want}/"
     )
     if not download:
         raise UserError(
-            f"no {spec.folder}/ found in data.data_dir={data_dir} and data.download=false: {how}"
+            f"no {want}/ found in data.data_dir={data_dir} and data.download=false: {how}"
         )
     log.info("Downloading %s into %s", spec.tv.url, data_dir)
     try:
@@ -139,18 +116,16 @@ def locate_or_download(data_dir: str | Path, spec: Spec, download: bool) -> Path
         )
     except Exception as e:  # URLError, timeouts, checksum mismatch: all mean "no data"
         raise UserError(
-            f"{spec.folder}/ is not in data.data_dir={data_dir} and the download failed "
-            f"({type(e).__name__}: {e}); {how}"
+            f"{want}/ is not in data.data_dir={data_dir} and the download failed ({type(e).__name__}: {e}); {how}"
         ) from e
-    return Path(data_dir) / spec.folder
+    return Path(data_dir) / want
 
 
 def read_batch(
     path: Path, num_classes: int | None = None
 ) -> tuple[np.ndarray, np.ndarray | None, str | None]:
     """One file in CIFAR's python format -> (N, 3, 32, 32) uint8 images, (N,) int64 labels and
-    their key (`labels` or `fine_labels`; None and None for a file without labels), checked:
-    a UserError names the file and what is wrong with it."""
+    their key (None, None for a file without labels); a UserError names what is wrong."""
     if not path.is_file():
         raise UserError(f"missing data file {path}")
     try:
@@ -169,31 +144,28 @@ def read_batch(
         )
     if labels is not None and labels.shape != (len(data),):
         raise UserError(f"{path}: {len(labels)} labels for {len(data)} images")
-    if labels is not None and num_classes and len(labels):
-        if labels.min() < 0 or labels.max() >= num_classes:
-            raise UserError(
-                f"{path}: labels span [{labels.min()}, {labels.max()}], expected [0, {num_classes - 1}]"
-            )
+    if (
+        labels is not None
+        and num_classes
+        and len(labels)
+        and not 0 <= labels.min() <= labels.max() < num_classes
+    ):
+        raise UserError(
+            f"{path}: labels span [{labels.min()}, {labels.max()}], expected [0, {num_classes - 1}]"
+        )
     return data.reshape(-1, 3, 32, 32), labels, key
 
 
-def read_split(
-    folder: Path, files: list[str], num_classes: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    parts = [read_batch(folder / name, num_classes) for name in files]
-    if unlabelled := [name for name, (_, y, _) in zip(files, parts, strict=True) if y is None]:
-        raise UserError(f"{folder / unlabelled[0]} has no labels")
-    return torch.from_numpy(np.concatenate([p[0] for p in parts])), torch.from_numpy(
-        np.concatenate([p[1] for p in parts])
-    )
+def read_split(folder: Path, spec: Spec, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [read_batch(folder / name, spec.num_classes) for name in spec.files(split)]
+    if any(y is None for _, y, _ in parts):
+        raise UserError(f"{folder}: a {split} batch file has no labels")
+    return tuple(torch.from_numpy(np.concatenate([p[i] for p in parts])) for i in (0, 1))
 
 
 class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
-    """CIFAR-10/100 with a seeded validation split carved from the training set.
-
-    All splits are decoded once and moved to the training device in `setup`; batches are
-    then served by :class:`DeviceBatches` with augmentation on the device.
-    """
+    """CIFAR-10/100 with a seeded validation split carved from the training set, decoded once
+    and moved to the training device in `setup`; batches come from :class:`DeviceBatches`."""
 
     def __init__(
         self,
@@ -217,12 +189,10 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         if not 0.0 <= val_split < 1.0:
             raise InvalidArgument("val_split", val_split, "must be in [0, 1)")
         super().__init__()
-        self.spec = SPECS[dataset]
-        self.data_dir, self.download = data_dir, download
+        self.spec, self.data_dir, self.download = SPECS[dataset], data_dir, download
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.val_split, self.seed = val_split, seed
+        self.val_split, self.seed, self.channels_last = val_split, seed, channels_last
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
-        self.channels_last = channels_last
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
@@ -231,11 +201,10 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
 
     @functools.cached_property
     def meta(self) -> dict:
-        """What the trained network expects, saved in every checkpoint (`data_meta`) so that
-        predict and export need no data: `class_names` (from the folder's names file, else
-        the official ones), `mean` and `std` (in [0, 1] pixel units), `image_size` [H, W]."""
-        folder = find_folder(self.data_dir, self.spec)
-        return self.spec.meta(folder and self.spec.class_names(folder))
+        """What the trained network expects, kept in every checkpoint (`data_meta`) so that
+        predict and export need no data: `class_names` (from the folder's names file, else the
+        official ones), `mean` and `std` (in [0, 1] pixel units), `image_size` [H, W]."""
+        return self.spec.meta(find_folder(self.data_dir, self.spec))
 
     def prepare_data(self) -> None:
         locate_or_download(self.data_dir, self.spec, self.download)
@@ -244,46 +213,32 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         if self.splits:
             return
         folder = locate_or_download(self.data_dir, self.spec, download=False)
-        device = (
-            self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        )
-        images, labels = read_split(folder, self.spec.train_files, self.num_classes)
-        n_val = int(round(len(labels) * self.val_split))
+        device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
+        images, labels = read_split(folder, self.spec, "train")
         perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
-        val_idx, train_idx = perm[:n_val], perm[n_val:]
-        splits = {
-            "train": (images[train_idx], labels[train_idx]),
-            "val": (images[val_idx], labels[val_idx]),
-            "test": read_split(folder, self.spec.test_files, self.num_classes),
-        }
+        val, train = perm.tensor_split([int(round(len(labels) * self.val_split))])
+        splits = {"train": (images[train], labels[train]), "val": (images[val], labels[val])}
+        splits["test"] = read_split(folder, self.spec, "test")
         self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in splits.items()}
-        sizes = (len(self.splits[k][1]) for k in ("train", "val", "test"))
-        log.info(
-            "Data: %s from %s on %s: %d train, %d val, %d test images",
-            self.spec.folder,
-            folder,
-            device,
-            *sizes,
-        )
+        sizes = ", ".join(f"{len(y)} {k}" for k, (_, y) in self.splits.items())
+        log.info("Data: %s on %s: %s images", folder, device, sizes)
 
     def _loader(self, split: str, train: bool) -> DeviceBatches:
-        images, labels = self.splits[split]
-        trainer = self.trainer
+        t = self.trainer
         return DeviceBatches(
-            images,
-            labels,
+            *self.splits[split],
             self.batch_size if train else self.eval_batch_size,
             torch.tensor(self.spec.mean),
             torch.tensor(self.spec.std),
             train=train,
             augment_cfg=self.augment if train else None,
             seed=self.seed,
-            rank=trainer.global_rank if trainer else 0,
-            world_size=trainer.world_size if trainer else 1,
+            rank=t.global_rank if t else 0,
+            world_size=t.world_size if t else 1,
             channels_last=self.channels_last,
             # Lightning turns shuffling off for `overfit_batches` only in torch DataLoaders
             # (it warns that it did so here too, but cannot): the same batches every epoch.
-            shuffle=not (trainer and trainer.overfit_batches),
+            shuffle=not (t and t.overfit_batches),
         )
 
     def train_dataloader(self) -> DeviceBatches:
