@@ -20,6 +20,7 @@ from image_folder import write_image_folder
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 SUBSET = REPO.parent / "shared" / "data" / "cifar10-subset"
+ASSETS = REPO / "tests" / "assets"  # checkpoints written by earlier releases
 
 SHRINK = (
     "trainer=cpu",
@@ -142,6 +143,26 @@ def make_folder_cfg(tmp_path, image_folder):
         return compose_cfg(config_name, (*base, *overrides))
 
     return make
+
+
+class _Touch:
+    """Unpickling this creates `path`: a stand-in for code that a checkpoint could run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+@pytest.fixture
+def evil_ckpt(tmp_path) -> tuple[Path, Path]:
+    """(a checkpoint that would create a file when unpickled, that file): a real small_cnn
+    checkpoint's contents plus one object whose unpickling runs code."""
+    ckpt = torch.load(ASSETS / "release-cd84677-last.ckpt", map_location="cpu", weights_only=True)
+    marker = tmp_path / "code-ran"
+    torch.save({**ckpt, "note": _Touch(marker)}, tmp_path / "evil.ckpt")
+    return tmp_path / "evil.ckpt", marker
 
 
 def deterministic(result: dict) -> dict:

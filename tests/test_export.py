@@ -193,3 +193,20 @@ def test_export_command(ckpt, real_images, tmp_path):
     assert [line for line in bad.stderr.splitlines() if line.startswith("error:")] == [
         "error: ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/best-epoch009.ckpt"
     ]
+
+
+def test_export_reads_its_checkpoint_as_data_once(real_images, tmp_path, evil_ckpt, monkeypatch):
+    from test_checkpoints import project_loads
+
+    path, marker = evil_ckpt
+    with pytest.raises(UserError, match=f"ckpt_path={path} holds .*trust_checkpoint=true"):
+        run_export(tmp_path / "evil", path, real_images, "format=torch_export")
+    assert not marker.exists()
+    loads = project_loads(monkeypatch)
+    run_export(
+        tmp_path / "ok",
+        REPO / "tests" / "assets" / "release-cd84677-last.ckpt",
+        real_images,
+        "format=torch_export",
+    )
+    assert len(loads) == 1

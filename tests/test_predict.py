@@ -277,3 +277,17 @@ def test_predict_command_exits_2_after_writing_the_readable_ones(ckpt, test_batc
     assert len(err) == 1 and "bad.jpg" in err[0] and str(run / "predictions.csv") in err[0]
     assert "Predicted 1 image(s)" in r.stdout
     assert [row["file"] for row in read_csv(run / "predictions.csv")] == ["ok.png"]
+
+
+def test_predict_reads_its_checkpoint_as_data_once(test_batch, tmp_path, evil_ckpt, monkeypatch):
+    from test_checkpoints import project_loads
+
+    path, marker = evil_ckpt
+    with pytest.raises(UserError, match=f"ckpt_path={path} holds .*trust_checkpoint=true"):
+        run_predict(tmp_path / "evil", path, test_batch)
+    assert not marker.exists()
+    loads = project_loads(monkeypatch)
+    run_predict(
+        tmp_path / "ok", REPO / "tests" / "assets" / "release-cd84677-last.ckpt", test_batch
+    )
+    assert len(loads) == 1

@@ -400,3 +400,24 @@ def test_speedrun_gpu_steps_make_no_cuda_sync(make_cfg, monkeypatch, overrides):
     )
     bad = unexplained(watch.found)
     assert not bad, "CUDA syncs in training steps:\n" + "\n".join(bad)
+
+
+def test_the_previous_releases_recipe_checkpoint_resumes_as_data(make_cfg, tmp_path):
+    """tests/assets/release-369a5b9-speedrun-last.ckpt: experiment=speedrun (widths 8,8,8,
+    16-mixed, EMA from step 1, an MLflow run id) written by release 369a5b9 after 2 epochs."""
+    from conftest import ASSETS
+
+    path = ASSETS / "release-369a5b9-speedrun-last.ckpt"
+    assert not torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    result = train(
+        make_cfg(
+            "experiment=speedrun",
+            "model.widths=[8,8,8]",
+            "precision=16-mixed",
+            "trainer.max_epochs=3",
+            f"ckpt_path={path}",
+        )
+    )
+    assert result[metrics.EPOCHS] == 3
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "current_model_state" in last and last["averaging_state"]
