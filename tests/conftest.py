@@ -13,14 +13,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from cifar_amp import config, metrics
-from cifar_amp.data import SPECS
 from cifar_folder import write_cifar_folder
-from image_folder import write_image_folder
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 SUBSET = REPO.parent / "shared" / "data" / "cifar10-subset"
-ASSETS = REPO / "tests" / "assets"  # checkpoints written by earlier releases
+ASSETS = REPO / "tests" / "assets"
+CIFAR = ("data=cifar10", "data=cifar100")  # checkpoints written by earlier releases
 
 SHRINK = (
     "trainer=cpu",
@@ -88,13 +87,16 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def make_cfg(tmp_path, tiny_data, request):
+def make_cfg(tmp_path, tiny_data):
     """make_cfg(*overrides, config_name="train") -> the composed config, shrunk for tests."""
 
     def make(*overrides: str, config_name: str = "train"):
-        if "data=image_folder" in overrides:  # no CIFAR folder: its shrink is make_folder_cfg's
-            return request.getfixturevalue("make_folder_cfg")(*overrides, config_name=config_name)
         shrink = SHRINK
+        if any(o.startswith("data=") and o not in CIFAR for o in overrides):
+            # another DataModule: its own arguments, not the tiny CIFAR folder's
+            shrink, data = tuple(o for o in SHRINK if not o.startswith("data.")), ()
+        else:
+            data = (f"data.data_dir={tiny_data}",)
         if config_name != "train" or any(
             o.startswith(("model=", "experiment=")) for o in overrides
         ):
@@ -103,44 +105,7 @@ def make_cfg(tmp_path, tiny_data, request):
             )  # the caller picks the model
         if config_name != "train":
             shrink = tuple(o for o in shrink if not o.startswith("module"))
-        base = (*shrink, f"data.data_dir={tiny_data}", f"run_dir={tmp_path}")
-        return compose_cfg(config_name, (*base, *overrides))
-
-    return make
-
-
-@pytest.fixture(scope="session")
-def image_folder(tmp_path_factory) -> Path:
-    """3 classes x 40 PNG files in class folders: real CIFAR-10 images from the subset where
-    there is one, else the synthetic ones of cifar_folder.py (CI)."""
-    tmp = tmp_path_factory.mktemp("images")
-    if SUBSET.is_dir():
-        source, files = SUBSET, ("data_batch_1",)
-    else:
-        source, files = write_cifar_folder(tmp, per_file=100), SPECS["cifar10"].files("train")
-    return write_image_folder(source, tmp / "folder", per_class=40, files=tuple(files))
-
-
-@pytest.fixture
-def make_folder_cfg(tmp_path, image_folder):
-    """Like make_cfg, on `image_folder` (data=image_folder at 32x32, no worker processes)."""
-
-    def make(*overrides: str, config_name: str = "train"):
-        picks_model = any(o.startswith(("model=", "experiment=")) for o in overrides)
-        drop = ("data.", "model", "module") if config_name != "train" else ("data.",)
-        drop += ("model",) if picks_model else ()
-        shrink = [o for o in SHRINK if not o.startswith(drop)]
-        base = (
-            *shrink,
-            "data=image_folder",
-            f"data.data_dir={image_folder}",
-            "data.image_size=32",
-            "data.batch_size=16",
-            "data.eval_batch_size=32",
-            "data.num_workers=0",
-            f"run_dir={tmp_path}",
-        )
-        return compose_cfg(config_name, (*base, *overrides))
+        return compose_cfg(config_name, (*shrink, *data, f"run_dir={tmp_path}", *overrides))
 
     return make
 

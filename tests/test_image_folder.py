@@ -4,19 +4,60 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from cifar_amp import build, metrics
+from cifar_amp.data import SPECS
 from cifar_amp.data.image_folder import ImageFolderDataModule
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
+from cifar_folder import write_cifar_folder
+from conftest import SHRINK, SUBSET, compose_cfg
+from image_folder import write_image_folder
 from test_resume import EXACT, comparable
 
 CLASSES = ["airplane", "automobile", "bird"]
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory) -> Path:
+    """3 classes x 40 PNG files in class folders: real CIFAR-10 images from the subset where
+    there is one, else the synthetic ones of cifar_folder.py (CI)."""
+    tmp = tmp_path_factory.mktemp("images")
+    if SUBSET.is_dir():
+        source, files = SUBSET, ("data_batch_1",)
+    else:
+        source, files = write_cifar_folder(tmp, per_file=100), SPECS["cifar10"].files("train")
+    return write_image_folder(source, tmp / "folder", per_class=40, files=tuple(files))
+
+
+@pytest.fixture
+def make_folder_cfg(tmp_path, image_folder):
+    """Like make_cfg, on `image_folder` (data=image_folder at 32x32, no worker processes)."""
+
+    def make(*overrides: str, config_name: str = "train"):
+        picks_model = any(o.startswith(("model=", "experiment=")) for o in overrides)
+        drop = ("data.", "model", "module") if config_name != "train" else ("data.",)
+        drop += ("model",) if picks_model else ()
+        shrink = [o for o in SHRINK if not o.startswith(drop)]
+        base = (
+            *shrink,
+            "data=image_folder",
+            f"data.data_dir={image_folder}",
+            "data.image_size=32",
+            "data.batch_size=16",
+            "data.eval_batch_size=32",
+            "data.num_workers=0",
+            f"run_dir={tmp_path}",
+        )
+        return compose_cfg(config_name, (*base, *overrides))
+
+    return make
 
 
 def test_trains_on_an_image_folder_with_workers(make_folder_cfg, tmp_path):

@@ -153,11 +153,11 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
         base = OmegaConf.structured(node)
         OmegaConf.set_struct(base, False)
         cs.store(name=f"{name}_schema", node=base)
-    paths = {
-        m for f in Path(config_dir).rglob("*.yaml") for m in SCHEMA_LINE.findall(f.read_text())
-    }
-    for path in sorted(paths):
-        cs.store(group="schema", name=path, node=schema(get_object(path)))
+    for f in sorted(Path(config_dir).rglob("*.yaml")):
+        group = f.relative_to(config_dir).parts[0]
+        for path in SCHEMA_LINE.findall(f.read_text()):
+            node = schema(get_object(path), PASSED_BY_BUILD.get(group, ()))
+            cs.store(group="schema", name=path, node=node)
     resolvers = {"metric": metrics.resolve, "sqlite": sqlite_url, "run_id": lambda: RUN_ID}
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):

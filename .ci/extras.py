@@ -1,0 +1,117 @@
+"""Proof that every extra is a leaf: for each extra of docs/fork.md's table, and for all of them
+at once, a copy of the repository without its files passes the remaining default tests and
+trains the default recipe for one epoch.
+
+    python .ci/extras.py [name ...]      # default: every extra, then all at once
+
+The copy holds the tracked files only (`git ls-files`), minus the extra's paths and those of
+the extras that need it; it runs on this venv with PYTHONPATH=<copy>/src, so its own package
+is imported, not the checkout's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / "docs" / "fork.md"
+ROW = re.compile(r"^\| \*\*(?P<name>[\w-]+)\*\* \|(?P<what>[^|]*)\|(?P<needs>[^|]*)\|(?P<files>[^|]*)\|$")
+
+
+def extras() -> dict[str, tuple[list[str], list[str]]]:
+    """name -> (paths, names of the extras it needs), from the table in docs/fork.md."""
+    found = {}
+    for line in TABLE.read_text().splitlines():
+        if m := ROW.match(line.strip()):
+            paths = re.findall(r"`([^`]+)`", m["files"])
+            needs = re.findall(r"\*\*([\w-]+)\*\*", m["needs"])
+            found[m["name"]] = (paths, needs)
+    if not found:
+        sys.exit(f"no extras table in {TABLE}")
+    return found
+
+
+def removed(names: list[str], table: dict) -> set[str]:
+    """The names, and every extra that needs one of them (it goes with it)."""
+    out = set(names)
+    while more := {n for n, (_, needs) in table.items() if n not in out and out & set(needs)}:
+        out |= more
+    return out
+
+
+def copy_without(paths: list[str], dest: Path) -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode().split("\0")
+    gone = [p.rstrip("/") for p in paths]
+    for rel in filter(None, tracked):
+        if any(rel == g or rel.startswith(g + "/") for g in gone) or not (REPO / rel).exists():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
+    missing = [g for g in gone if not (REPO / g).exists()]
+    if missing:
+        sys.exit(f"docs/fork.md names paths that do not exist: {', '.join(missing)}")
+
+
+def check(label: str, paths: list[str]) -> bool:
+    with tempfile.TemporaryDirectory(prefix="extras-") as tmp:
+        copy = Path(tmp) / "repo"
+        copy_without(paths, copy)
+        env = {**os.environ, "PYTHONPATH": str(copy / "src")}
+        start = time.perf_counter()
+        tests = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        data = Path(tmp) / "data"
+        subprocess.run(
+            [sys.executable, "-c", f"from cifar_folder import write_cifar_folder as w; w(__import__('pathlib').Path('{data}'))"],
+            cwd=copy / "tests",
+            env=env,
+            check=True,
+        )
+        fit = subprocess.run(
+            [sys.executable, "train.py", "trainer.max_epochs=1", f"data.data_dir={data}", "data.download=false"]
+            + [f"hydra.run.dir={tmp}/run", "trainer.enable_progress_bar=false"],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        ok = tests.returncode == 0 and fit.returncode == 0 and (Path(tmp) / "run" / "metrics.json").is_file()
+        summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
+        print(f"{'ok  ' if ok else 'FAIL'} without {label}: tests: {summary}; default recipe, 1 epoch: "
+              f"exit {fit.returncode} ({time.perf_counter() - start:.0f} s)", flush=True)
+        if not ok:
+            print((tests.stdout + tests.stderr)[-4000:], fit.stderr[-2000:], sep="\n", flush=True)
+        return ok
+
+
+def main(argv: list[str]) -> int:
+    table = extras()
+    unknown = [n for n in argv if n not in table]
+    if unknown:
+        print(f"error: not an extra: {', '.join(unknown)}; extras: {', '.join(table)}", file=sys.stderr)
+        return 2
+    runs = [[n] for n in (argv or table)] + ([list(table)] if not argv else [])
+    results = []
+    for names in runs:
+        gone = sorted(removed(names, table))
+        label = "all extras" if len(names) > 1 else " + ".join([names[0], *sorted(set(gone) - set(names))])
+        results.append(check(label, [p for n in gone for p in table[n][0]]))
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
