@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train eval test test-slow test-gpu test-all
+.PHONY: install train eval test test-slow test-gpu test-extras
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,8 @@ test-slow: $(STAMP)
 
 test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 	$(PY) -m pytest -m gpu $(ARGS)
+
+# Each extra of docs/fork.md's table, and all at once, deleted from a copy: the rest passes the
+# tests and trains the default recipe (ARGS: names of extras to check, default all).
+test-extras: $(STAMP)
+	$(PY) .ci/extras.py $(ARGS)

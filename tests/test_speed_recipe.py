@@ -19,7 +19,6 @@ from cifar_amp import diagnostics as D
 from cifar_amp.data import Augment as AugmentConfig
 from cifar_amp.data import DeviceBatches, augment
 from cifar_amp.errors import UserError
-from cifar_amp.evaluation import evaluate
 from cifar_amp.module import ImageClassifier
 from cifar_amp.speedrun import EMA, PatchWhitening, patches
 from cifar_amp.training import train
@@ -27,6 +26,7 @@ from conftest import compose_cfg, requires_cuda
 from test_augment import translate as shifted
 from test_host_sync import STEPS, _watch, unexplained
 from test_resume import assert_same_weights, comparable, resume_mid_epoch
+from test_train import assert_eval_reproduces_the_test
 
 
 def correlated_images(n: int = 64, seed: int = 0) -> torch.Tensor:
@@ -243,13 +243,7 @@ EMA_RECIPE += ("callbacks.ema.update_starting_at_step=1",)
 
 def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy_with_ema(make_cfg, tmp_path):
     """With EMA too: the final test scores the averaged weights, as eval.py does."""
-    result = train(make_cfg(*EMA_RECIPE, "trainer.max_epochs=2", f"run_dir={tmp_path}/train"))
-    ckpt = result["tested_ckpt"]
-    assert ckpt and "best" in ckpt
-    again = evaluate(make_cfg(f"ckpt_path={ckpt}", f"run_dir={tmp_path}/eval", config_name="eval"))
-    assert again[metrics.TEST_ACC] == result[metrics.TEST_ACC]
-    assert again[metrics.TEST_LOSS] == pytest.approx(result[metrics.TEST_LOSS], rel=1e-6)
-    assert (tmp_path / "eval" / "metrics.json").is_file()
+    assert_eval_reproduces_the_test(make_cfg, tmp_path, *EMA_RECIPE)
 
 
 class KeepRawWeights(L.Callback):

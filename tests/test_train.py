@@ -201,14 +201,19 @@ def test_same_seed_repeats_exactly_and_another_seed_does_not(make_cfg, tmp_path)
     assert not all(torch.equal(w[0][k], w[2][k]) for k in w[0])
 
 
-def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy(make_cfg, tmp_path):
-    result = train(make_cfg("trainer.max_epochs=2", f"run_dir={tmp_path}/train"))
+def assert_eval_reproduces_the_test(make_cfg, tmp_path, *recipe: str) -> None:
+    """eval.py of the checkpoint the run tested gives the run's own test figures."""
+    result = train(make_cfg(*recipe, "trainer.max_epochs=2", f"run_dir={tmp_path}/train"))
     ckpt = result["tested_ckpt"]
     assert ckpt and "best" in ckpt
     again = evaluate(make_cfg(f"ckpt_path={ckpt}", f"run_dir={tmp_path}/eval", config_name="eval"))
     assert again[metrics.TEST_ACC] == result[metrics.TEST_ACC]
     assert again[metrics.TEST_LOSS] == pytest.approx(result[metrics.TEST_LOSS], rel=1e-6)
     assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy(make_cfg, tmp_path):
+    assert_eval_reproduces_the_test(make_cfg, tmp_path)
 
 
 def test_channels_last_reaches_weights_and_batches(make_cfg):
