@@ -27,7 +27,7 @@ class SmallCNN(nn.Module):
             )
             for c_in, c_out in ((3, width), (width, 2 * width))
         )
-        self.pool = nn.AdaptiveAvgPool2d(8)  # not in `head`: its state-dict keys stay as they were
+        self.pool = nn.AdaptiveAvgPool2d(8)  # apart from `head`, whose keys checkpoints name
         self.head = nn.Sequential(
             nn.Flatten(),
             nn.Linear(2 * width * 8 * 8, hidden),
