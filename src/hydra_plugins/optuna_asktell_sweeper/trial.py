@@ -1,0 +1,37 @@
+"""Job side: re-open the trial that the sweeper asked for this job, to report to it and prune.
+
+The sweeper passes the trial through the job's environment (`hydra.job.env_set`). A job whose
+trial should be pruned either stops early and records the epoch as the trial's user attribute
+PRUNED_AT (its tracker runs and results end normally), or raises `optuna.TrialPruned`; the
+sweeper records the trial as PRUNED either way."""
+
+import os
+from typing import Any, Optional
+
+STORAGE, STUDY_NAME, TRIAL_ID = "OPTUNA_STORAGE", "OPTUNA_STUDY_NAME", "OPTUNA_TRIAL_ID"
+PRUNED_AT = "pruned_at"
+
+
+def current_trial(pruner: Optional[Any] = None) -> Optional[Any]:
+    """This job's running `optuna.trial.Trial`, or None outside an optuna_asktell sweep (or in
+    one without a storage).
+
+    Its `should_prune()` asks `pruner`: by default the one configured as `hydra.sweeper.pruner`."""
+    if TRIAL_ID not in os.environ:
+        return None
+    import optuna
+
+    if pruner is None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.utils import instantiate
+
+        sweeper = HydraConfig.get().sweeper if HydraConfig.initialized() else {}
+        pruner = instantiate(sweeper["pruner"]) if sweeper.get("pruner") else None
+    study = optuna.load_study(
+        study_name=os.environ[STUDY_NAME],
+        storage=os.environ[STORAGE],
+        # The job never samples: its parameters came as overrides.
+        sampler=optuna.samplers.RandomSampler(),
+        pruner=pruner,
+    )
+    return optuna.trial.Trial(study, int(os.environ[TRIAL_ID]))
