@@ -108,7 +108,7 @@ class Precision:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             # The scaler is set afterwards: Lightning 2.6.6's FSDPPrecision refuses one in its
-            # constructor (it checks the precision before setting it) and makes a default one.
+            # constructor (Lightning-AI/pytorch-lightning#19803) and makes a default one.
             plugin = FSDPPrecision("16-mixed")
             plugin.scaler = ShardedGradScaler(device, **self.scaler)
             return plugin
