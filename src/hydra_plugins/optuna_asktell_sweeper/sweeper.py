@@ -20,6 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -130,6 +131,10 @@ def tell(study: Any, trial: Any, ret: Optional[JobReturn]) -> str:
     return reason
 
 
+class SpaceChanged(CompactHydraException, ValueError):
+    """Printed by Hydra as one line (no traceback)."""
+
+
 def check_space(study: Any, space: Dict[str, Any]) -> None:
     """Optuna cannot compare trials of another space (other choices, int vs float...)."""
     from optuna.distributions import check_distribution_compatibility
@@ -139,7 +144,7 @@ def check_space(study: Any, space: Dict[str, Any]) -> None:
             try:
                 check_distribution_compatibility(old, space.get(key, old))
             except ValueError as e:
-                raise ValueError(
+                raise SpaceChanged(
                     f"{key}: {e} Study {study.study_name} searched {old}, not {space[key]}; "
                     "give the new search space a new hydra.sweeper.study_name"
                 ) from None
