@@ -177,7 +177,12 @@ class OptunaAskTellSweeper(Sweeper):
         )
 
     def sweep(self, arguments: List[str]) -> None:
-        import optuna
+        try:
+            import optuna
+        except ImportError as e:
+            raise CompactHydraException(
+                f'hydra/sweeper=optuna_asktell needs optuna (pip install -e ".[sweeps]"): {e}'
+            ) from None
 
         space, fixed = search_space([f"{k}={v}" for k, v in self.params.items()], arguments)
         study = optuna.create_study(
