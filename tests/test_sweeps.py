@@ -142,3 +142,21 @@ def test_two_trials_run_at_once_in_processes_of_their_own(tmp_path, tiny_data):
     assert len(list((sweep / ".submitit").glob("*/*_result.pkl"))) == 2  # one process each
     for job in (0, 1):
         assert f"job {job}, trial {job}: COMPLETE" in proc.stdout  # the sweep's summary
+
+
+@pytest.mark.slow
+def test_ranks_that_ddp_spawn_starts_prune_with_the_configured_pruner(tmp_path, tiny_data):
+    # The spawned ranks have no Hydra config: the callback brings the pruner's along.
+    run_search(
+        tmp_path,
+        tmp_path / "sweep",
+        tiny_data,
+        "hydra.sweeper.n_trials=1",
+        "trainer=ddp_cpu",
+        "trainer.strategy=ddp_spawn",
+        *PRUNE_AT_EPOCH_1,
+    )
+    db = tmp_path / "logs" / "train" / "optuna" / "cifar_amp.db"
+    study = optuna.load_study(study_name="cifar_amp", storage=f"sqlite:///{db}")
+    assert [t.state for t in study.trials] == [TrialState.PRUNED]
+    assert study.trials[0].user_attrs["pruned_at"] == 1

@@ -14,7 +14,7 @@ import logging
 
 from lightning.pytorch.callbacks import Callback
 
-from hydra_plugins.optuna_asktell_sweeper.trial import PRUNED_AT, current_trial
+from hydra_plugins.optuna_asktell_sweeper.trial import PRUNED_AT, configured_pruner, current_trial
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +27,13 @@ class OptunaPruning(Callback):
 
     def __init__(self, monitor: str) -> None:
         self.monitor = monitor
+        self.pruner = configured_pruner()  # here, where the job's Hydra config is
         self.trial = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # Here, not in __init__: a process that ddp_spawn starts opens the trial itself.
         if stage == "fit" and self.trial is None:
-            self.trial = current_trial()
+            self.trial = current_trial(self.pruner)
             if self.trial is None:
                 log.warning(
                     "Pruning: this job runs no Optuna trial with a storage; it is not pruned"

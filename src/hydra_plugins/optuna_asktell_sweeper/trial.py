@@ -12,26 +12,33 @@ STORAGE, STUDY_NAME, TRIAL_ID = "OPTUNA_STORAGE", "OPTUNA_STUDY_NAME", "OPTUNA_T
 PRUNED_AT = "pruned_at"
 
 
-def current_trial(pruner: Optional[Any] = None) -> Optional[Any]:
-    """This job's running `optuna.trial.Trial`, or None outside an optuna_asktell sweep (or in
-    one without a storage).
+def configured_pruner() -> Optional[dict]:
+    """This job's `hydra.sweeper.pruner` as a plain dict (a process without Hydra's config,
+    such as one that ddp_spawn starts, can still build it); None outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
 
-    Its `should_prune()` asks `pruner`: by default the one configured as `hydra.sweeper.pruner`."""
+    if not HydraConfig.initialized():
+        return None
+    pruner = HydraConfig.get().sweeper.get("pruner")
+    return OmegaConf.to_container(pruner, resolve=True) if pruner else None
+
+
+def current_trial(pruner: Optional[dict] = None) -> Optional[Any]:
+    """This job's running `optuna.trial.Trial`, or None outside an optuna_asktell sweep (or in
+    one without a storage). Its `should_prune()` asks the pruner of the config `pruner`, by
+    default `configured_pruner()`."""
     if TRIAL_ID not in os.environ:
         return None
     import optuna
+    from hydra.utils import instantiate
 
-    if pruner is None:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.utils import instantiate
-
-        sweeper = HydraConfig.get().sweeper if HydraConfig.initialized() else {}
-        pruner = instantiate(sweeper["pruner"]) if sweeper.get("pruner") else None
+    pruner = pruner or configured_pruner()
     study = optuna.load_study(
         study_name=os.environ[STUDY_NAME],
         storage=os.environ[STORAGE],
         # The job never samples: its parameters came as overrides.
         sampler=optuna.samplers.RandomSampler(),
-        pruner=pruner,
+        pruner=instantiate(pruner) if pruner else None,
     )
     return optuna.trial.Trial(study, int(os.environ[TRIAL_ID]))
