@@ -160,3 +160,22 @@ def test_ranks_that_ddp_spawn_starts_prune_with_the_configured_pruner(tmp_path, 
     study = optuna.load_study(study_name="cifar_amp", storage=f"sqlite:///{db}")
     assert [t.state for t in study.trials] == [TrialState.PRUNED]
     assert study.trials[0].user_attrs["pruned_at"] == 1
+
+
+@pytest.mark.slow
+def test_a_job_touches_no_cuda_before_its_devices_are_set():
+    """hydra/launcher=local gives each job its GPU through CUDA_VISIBLE_DEVICES, set in the job's
+    process once the task is loaded; CUDA reads it once, so nothing imported before may ask."""
+    code = """
+import torch, torch.cuda
+asked = []
+real_count, real_nvml = torch._C._cuda_getDeviceCount, torch.cuda._device_count_nvml
+torch._C._cuda_getDeviceCount = lambda: asked.append("cuda") or real_count()
+torch.cuda._device_count_nvml = lambda *a: asked.append("nvml") or real_nvml(*a)
+import cifar_amp.cli, cifar_amp.training, cifar_amp.pruning, cifar_amp.tracking  # noqa
+import hydra_plugins.optuna_asktell_sweeper.sweeper, hydra_plugins.hydra_submitit_launcher  # noqa
+print(asked)
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
