@@ -1,9 +1,11 @@
 """On CUDA: every precision mode trains with the dtypes it promises, the GradScaler backs off
 on overflow, 16-bit modes run channels_last, TF32 follows its setting, and activation
-checkpointing lowers peak device memory. `pytest -m gpu`; skipped without CUDA."""
+checkpointing lowers peak device memory, FSDP trains with the precision choice's plugin.
+`pytest -m gpu`; skipped without CUDA."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import lightning as L
@@ -181,3 +183,35 @@ def test_activation_checkpointing_lowers_peak_cuda_memory():
     assert stages < 0.7 * plain and every < 0.7 * plain, (plain, stages, every)
     # The high-resolution stages are the ones that pay: the last one alone saves little.
     assert stages < 0.85 * plain < late <= 1.05 * plain, (plain, stages, late)
+
+
+@pytest.mark.parametrize("mode", ["16-mixed", "bf16-mixed"])
+def test_fsdp_trains_with_the_plugin_of_the_precision_choice(make_cfg, mode, caplog):
+    needs(mode)
+    scaler = ["precision.scaler.init_scale=1024"] if mode == "16-mixed" else []
+    cfg = make_cfg(
+        "trainer=fsdp",
+        "trainer.devices=1",
+        "callbacks=none",
+        "test=false",
+        f"precision={mode}",
+        *scaler,
+        "trainer.max_steps=3",
+    )
+    rec = Record()
+    try:
+        with caplog.at_level(logging.INFO):
+            trainer, _, _ = fit(cfg, rec)
+    finally:  # FSDP's one-rank process group would outlive the test
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    plugin = trainer.precision_plugin
+    assert type(trainer.strategy).__name__ == "FSDPStrategy"
+    assert type(plugin).__name__ == "FSDPPrecision" and plugin.precision == mode
+    assert rec.outputs == {DTYPES[mode][1]}
+    assert len(rec.losses) == 3 and all(math.isfinite(v) for v in rec.losses), rec.losses
+    if mode == "16-mixed":
+        assert type(plugin.scaler).__name__ == "ShardedGradScaler"
+        assert "ShardedGradScaler(init_scale=1024" in caplog.text  # the fit-start line
+    else:
+        assert plugin.scaler is None

@@ -373,6 +373,25 @@ def test_multirun_jobs_are_runs_of_their_own_and_a_resumed_job_continues_its_run
         server.wait(timeout=60)
 
 
+@pytest.mark.slow
+def test_loggers_that_start_together_share_a_new_store(tmp_path):
+    """The jobs of a parallel sweep (hydra/launcher=local) start their MLflow loggers at once on
+    a store that does not exist yet; each one's run lands in it."""
+    uri = f"sqlite:///{tmp_path / 'new.db'}"
+    code = (
+        "from cifar_amp.tracking import MLFlowLogger; "
+        f"MLFlowLogger(experiment_name='together', tracking_uri='{uri}').log_metrics({{'a': 1.0}})"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    jobs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    errors = [p.communicate(timeout=300)[1] for p in jobs]
+    assert [p.returncode for p in jobs] == [0, 0, 0], errors
+    assert len(mlflow_runs(uri, "together")) == 3
+
+
 def test_flat_params_are_the_keys_mlflow_logger_logs(monkeypatch):
     """Checked against MLFlowLogger.log_hyperparams itself, with its MLflow client replaced."""
     mlflow_tracking = pytest.importorskip("mlflow.tracking")

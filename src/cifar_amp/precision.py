@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from typing import Annotated, Optional
 
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import (
+    DeepSpeedPrecision,
+    FSDPPrecision,
+    MixedPrecision,
+)
+from lightning.pytorch.plugins.precision import Precision as Plugin
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy
 
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
@@ -23,7 +30,8 @@ class Precision:
 
     Args:
         name: Lightning's precision name. `16-mixed` is float16 autocast + GradScaler on every
-            device, CPU included (Lightning alone would quietly use bfloat16 on CPU).
+            device, CPU included (Lightning alone would quietly use bfloat16 on CPU), and under
+            every strategy (FSDP: its sharded GradScaler; DeepSpeed: its own loss scaler).
         scaler: torch.amp.GradScaler arguments (defaults are torch's); `16-mixed` only.
         channels_last: NHWC network and batches. null = on for 16-bit modes on CUDA, where
             tensor-core convolutions want NHWC; off elsewhere (on CPU it is slower).
@@ -80,13 +88,55 @@ class Precision:
                 f"precision={self.name}: {torch.cuda.get_device_name(device)} has no bfloat16 "
                 "support; valid here: 16-mixed, 32-true, 16-true"
             )
-        if self.name == "16-mixed":
-            scaler = torch.amp.GradScaler(device.type, **self.scaler)
-            trainer.strategy.precision_plugin = MixedPrecision("16-mixed", device.type, scaler)
+        plugin = self.plugin(type(trainer.strategy), device.type)
+        if plugin is not None:
+            trainer.strategy.precision_plugin = plugin
+        if isinstance(plugin, DeepSpeedPrecision):
+            vars(trainer.strategy).update(self.deepspeed_loss_scaler())
         if device.type == "cuda":  # process-wide switches that only CUDA reads
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
         self.layout = self.channels_last(device.type)
         log.info("Precision: %s", self.describe(trainer))
+
+    def plugin(self, strategy: type[Strategy], device: str) -> Plugin | None:
+        """The precision plugin for a Trainer with this strategy on this device type, where
+        Lightning's own (made from the Trainer's precision name) would not do: only 16-mixed,
+        whose Trainer starts in 32-true. None: Lightning's."""
+        if self.name != "16-mixed":
+            return None
+        if issubclass(strategy, FSDPStrategy):  # Lightning's FSDP takes only FSDPPrecision
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            # The scaler is set afterwards: Lightning 2.6.6's FSDPPrecision refuses one in its
+            # constructor (Lightning-AI/pytorch-lightning#19803) and makes a default one.
+            plugin = FSDPPrecision("16-mixed")
+            plugin.scaler = ShardedGradScaler(device, **self.scaler)
+            return plugin
+        if issubclass(strategy, DeepSpeedStrategy):  # scales the loss itself: setup()
+            return DeepSpeedPrecision("16-mixed")
+        return MixedPrecision("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
+
+    def deepspeed_loss_scaler(self) -> dict:
+        """DeepSpeedStrategy's fp16 loss-scaler arguments for these GradScaler settings.
+        DeepSpeed's scaler always grows by 2 and backs off by half, from a power of 2."""
+        s = self.scaler
+        power = math.log2(s["init_scale"])
+        for key, ok, rule in (
+            ("init_scale", power.is_integer(), "must be a power of 2 under DeepSpeed"),
+            ("growth_factor", s["growth_factor"] == 2, "must be 2 under DeepSpeed"),
+            ("backoff_factor", s["backoff_factor"] == 0.5, "must be 0.5 under DeepSpeed"),
+        ):
+            if not ok:
+                raise UserError(
+                    f"invalid config value for precision.scaler.{key}: {s[key]}; {rule}"
+                )
+        if not s["enabled"]:  # a fixed scale of 1: no scaling
+            return {"loss_scale": 1.0}
+        return {
+            "loss_scale": 0.0,  # dynamic
+            "initial_scale_power": int(power),
+            "loss_scale_window": s["growth_interval"],
+        }
 
     def describe(self, trainer) -> str:
         """One line: plugin, autocast dtype, scaler settings, layout and TF32."""
@@ -106,16 +156,24 @@ class Precision:
 def describe_plugin(trainer) -> str:
     """One line: the precision plugin in use, its autocast dtype and scaler settings."""
     plugin = trainer.precision_plugin
-    if not isinstance(plugin, MixedPrecision):
+    mixed = getattr(plugin, "precision", None) in ("16-mixed", "bf16-mixed")
+    if not (mixed and isinstance(plugin, (MixedPrecision, FSDPPrecision, DeepSpeedPrecision))):
         return f"{trainer.precision}: {type(plugin).__name__}, no autocast, no GradScaler"
     dtype = "bfloat16" if plugin.precision == "bf16-mixed" else "float16"
+    if isinstance(plugin, DeepSpeedPrecision):
+        return (
+            f"{plugin.precision}: DeepSpeed's {dtype} engine and loss scaler (DeepSpeedPrecision)"
+        )
+    # FSDP autocasts on CUDA only (and gathers its sharded parameters in `dtype`)
+    device = getattr(plugin, "device", "cuda")
     text, sc = (
-        f"{plugin.precision}: {dtype} autocast on {plugin.device} ({type(plugin).__name__})",
+        f"{plugin.precision}: {dtype} autocast on {device} ({type(plugin).__name__})",
         plugin.scaler,
     )
     if sc is None or not sc.is_enabled():
         return text + (", no GradScaler" if sc is None else ", GradScaler disabled")
     return (
-        f"{text}, GradScaler(init_scale={sc.get_scale():g}, growth_factor={sc.get_growth_factor():g}, "
-        f"backoff_factor={sc.get_backoff_factor():g}, growth_interval={sc.get_growth_interval()})"
+        f"{text}, {type(sc).__name__}(init_scale={sc.get_scale():g}, "
+        f"growth_factor={sc.get_growth_factor():g}, backoff_factor={sc.get_backoff_factor():g}, "
+        f"growth_interval={sc.get_growth_interval()})"
     )

@@ -31,6 +31,18 @@ class MLFlowLogger(loggers.MLFlowLogger):
 
     def __init__(self, *args, version: str | None = None, **kwargs) -> None:
         self.continued = False
+        uri = kwargs.get("tracking_uri") or ""
+        if uri.startswith("sqlite:///"):
+            # Jobs of a parallel sweep that start together would each create a new store's
+            # tables, or the experiment, and all but one fail (alembic's migration race, a
+            # unique name): one at a time, the others find them made.
+            from filelock import FileLock
+            from mlflow import MlflowClient
+
+            with FileLock(uri.removeprefix("sqlite:///") + ".lock"):
+                client, name = MlflowClient(uri), kwargs.get("experiment_name", "lightning_logs")
+                if client.get_experiment_by_name(name) is None:
+                    client.create_experiment(name, kwargs.get("artifact_location"))
         if version and not kwargs.get("run_id"):
             from mlflow import MlflowClient
             from mlflow.exceptions import MlflowException
