@@ -16,7 +16,7 @@ import yaml
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from cifar_amp import metrics
+from cifar_amp import config, metrics
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
 from hydra_plugins.optuna_asktell_sweeper.sweeper import search_space as parse_space
@@ -179,3 +179,19 @@ print(asked)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["hparams_search=optuna"],
+        ["hparams_search=optuna_cpu"],
+        ["hydra/launcher=slurm", "trainer.devices=4"],
+    ],
+)
+def test_override_precheck_lets_the_sweep_configs_through(argv):
+    from cifar_amp.cli import check_overrides
+    from conftest import CONFIGS
+
+    config.register(CONFIGS)
+    check_overrides(argv, CONFIGS, "train")  # no SystemExit

@@ -155,6 +155,8 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
         return
     except MissingConfigException as e:  # an option of a group that does not exist
         group, _, choice = str(e.missing_cfg_file).rpartition("/")
+        if not any(a.lstrip("+~").startswith(f"{group}=") and choice in a for a in argv):
+            return  # not the user's choice: Hydra reports it in its own words
         valid = e.options or sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
         fail(f"{group}={choice} is not an option; valid: {', '.join(valid)}")
     except ConfigCompositionException as e:
