@@ -21,7 +21,7 @@ from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 from cifar_amp.module import ImageClassifier
-from cifar_amp.precision import Precision
+from cifar_amp.precision import AUTO, Precision
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def trainer(
     if (
         clip
         and OmegaConf.select(cfg, "module.optimizer.fused")
-        and prec.name in ("16-mixed", "bf16-mixed")
+        and prec.name in ("16-mixed", "bf16-mixed", AUTO)
     ):
         raise UserError(
             f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "

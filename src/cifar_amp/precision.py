@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import Precision as FullPrecision
 
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
@@ -16,6 +17,9 @@ from cifar_amp.errors import InvalidArgument, UserError
 log = logging.getLogger(__name__)
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 SIXTEEN_BIT = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
+AUTO = (
+    "auto"  # the fastest mode whose loss stays finite, by a probe at fit start (autoprecision.py)
+)
 
 
 class Precision:
@@ -23,10 +27,13 @@ class Precision:
 
     Args:
         name: Lightning's precision name. `16-mixed` is float16 autocast + GradScaler on every
-            device, CPU included (Lightning alone would quietly use bfloat16 on CPU).
+            device, CPU included (Lightning alone would quietly use bfloat16 on CPU). `auto`:
+            the fastest of this device's candidate modes whose loss stays finite, measured by
+            a short probe of the run's own network and batch at fit start (autoprecision.py);
+            a resume keeps the choice its checkpoint records.
         scaler: torch.amp.GradScaler arguments (defaults are torch's); `16-mixed` only.
-        channels_last: NHWC network and batches. null = on for 16-bit modes on CUDA, where
-            tensor-core convolutions want NHWC; off elsewhere (on CPU it is slower).
+        channels_last: NHWC network and batches. null = on for 16-bit modes (and `auto`) on
+            CUDA, where tensor-core convolutions want NHWC; off elsewhere (on CPU it is slower).
         tf32: let float32 convolutions and matmuls use TF32 tensor cores (Ampere or newer).
             True is PyTorch's own default for cuDNN convolutions, so `32-true` is then really
             TF32 for a conv net; false gives strict IEEE fp32 (the slow baseline).
@@ -38,10 +45,15 @@ class Precision:
         scaler: Annotated[Optional[dict], Nested(torch.amp.GradScaler, ("device",))] = None,
         channels_last: Optional[bool] = None,
         tf32: bool = True,
+        probe_seconds: float = 20.0,
     ) -> None:
-        if name not in NAMES:
-            raise InvalidArgument("name", repr(name), f"valid: {', '.join(NAMES)}")
+        if name not in (*NAMES, AUTO):
+            raise InvalidArgument("name", repr(name), f"valid: {', '.join((*NAMES, AUTO))}")
+        if not probe_seconds > 0:
+            raise InvalidArgument("probe_seconds", probe_seconds, "must be > 0")
         self.name, self.tf32, self._channels_last = name, tf32, channels_last
+        self.requested, self.probe_seconds = name, probe_seconds
+        self.probed: dict[str, float | None] = {}  # auto: images/s per candidate (None: rejected)
         self.layout: bool | None = None  # channels_last or not: decided by setup()
         params = inspect.signature(torch.amp.GradScaler).parameters
         s = self.scaler = {k: p.default for k, p in params.items() if k != "device"} | (
@@ -59,13 +71,20 @@ class Precision:
     @property
     def trainer_precision(self) -> str:
         """The Trainer's `precision=`. The 16-mixed plugin is made for the device the Trainer
-        picks (setup), so such a Trainer starts in 32-true."""
-        return "32-true" if self.name == "16-mixed" else self.name
+        picks (setup), and auto's at fit start, so such a Trainer starts in 32-true."""
+        return "32-true" if self.name in ("16-mixed", AUTO) else self.name
 
     def channels_last(self, device: str) -> bool:
         if self._channels_last is not None:
             return self._channels_last
-        return device == "cuda" and self.name in SIXTEEN_BIT
+        # auto: the layout of its 16-bit candidates, which it probes (and picks) in it
+        return device == "cuda" and (self.requested == AUTO or self.name in SIXTEEN_BIT)
+
+    def adopt(self, recorded: str | None) -> None:
+        """`auto` resuming a run: the mode that run chose (its checkpoint's record), no probe."""
+        if self.name == AUTO and recorded in NAMES:
+            self.name = recorded
+            log.info("Precision auto: %s, as chosen by the run resumed (no probe)", recorded)
 
     def setup(self, trainer) -> None:
         """For the device the Trainer chose: the 16-mixed plugin with this GradScaler, TF32,
@@ -81,11 +100,34 @@ class Precision:
                 "support; valid here: 16-mixed, 32-true, 16-true"
             )
         if self.name == "16-mixed":
-            scaler = torch.amp.GradScaler(device.type, **self.scaler)
-            trainer.strategy.precision_plugin = MixedPrecision("16-mixed", device.type, scaler)
+            trainer.strategy.precision_plugin = self.plugin("16-mixed", device)
         if device.type == "cuda":  # process-wide switches that only CUDA reads
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
         self.layout = self.channels_last(device.type)
+        if self.name != AUTO:
+            log.info("Precision: %s", self.describe(trainer))
+            return
+        from cifar_amp.autoprecision import AutoPrecision  # it imports this module
+
+        trainer.callbacks.append(AutoPrecision(self))
+        layout = "channels_last" if self.layout else "contiguous (NCHW)"
+        log.info("Precision: auto, chosen at fit start by a probe (layout %s)", layout)
+
+    def plugin(self, name: str, device: torch.device):
+        """Lightning's precision plugin for mode `name` on `device` (auto's candidates)."""
+        if name == "16-mixed":
+            scaler = torch.amp.GradScaler(device.type, **self.scaler)
+            return MixedPrecision("16-mixed", device.type, scaler)
+        if name == "bf16-mixed":
+            return MixedPrecision("bf16-mixed", device.type)
+        if name == "32-true":
+            return FullPrecision()
+        raise ValueError(f"precision {name!r} is not a candidate of auto")
+
+    def use(self, trainer, name: str) -> None:
+        """auto: run the rest of the fit in mode `name` (before the strategy's set-up)."""
+        self.name = name
+        trainer.strategy.precision_plugin = self.plugin(name, trainer.strategy.root_device)
         log.info("Precision: %s", self.describe(trainer))
 
     def describe(self, trainer) -> str:
