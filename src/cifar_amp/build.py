@@ -118,7 +118,29 @@ def trainer(
                 "trainer.devices=N, or trainer.strategy=auto"
             )
     prec.setup(made)
+    skip_unused_hooks(made.callbacks)
     return made
+
+
+# The hooks Lightning calls once per training (or evaluation) batch.
+PER_BATCH_HOOKS = tuple(
+    f"on_{stage}_batch_{when}"
+    for stage in ("train", "validation", "test", "predict")
+    for when in ("start", "end")
+) + ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+
+
+def skip_unused_hooks(callbacks) -> None:
+    """Hide from Lightning the per-batch hooks a callback leaves as Callback's no-ops.
+
+    Why: Lightning calls every per-batch hook of every callback at every step, overridden or
+    not, each inside a profiler context named by the callback's `state_key` string (about
+    1.5 us a call on the dev box's CPU; 6 per training step x 11 callbacks in the speed
+    recipe), and it skips a hook that is not callable. A hook a callback defines is kept."""
+    for cb in callbacks:
+        for hook in PER_BATCH_HOOKS:
+            if getattr(type(cb), hook, None) is getattr(L.Callback, hook):
+                setattr(cb, hook, None)
 
 
 def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataModule:
