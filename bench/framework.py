@@ -20,7 +20,8 @@ folder of `--n-images` images (random pixels unless `--data-dir`: speed does not
 them).
 
 Runs alternate (Lightning, plain, then plain, Lightning, ...) so that a busy shared machine
-slows both alike; the first round warms up (allocator, cuDNN autotuning, compilation). Each
+slows both alike; the first round (`--warmup-rounds`) warms up (allocator, cuDNN autotuning,
+compilation). Each
 loop is timed per epoch over its batches, from the epoch's start to the end of its last batch
 (the device synchronised at both ends): per-epoch work (logging, checkpoint writes) is not
 loop cost. The report gives images/s per loop (median over repeats), the ratio Lightning /
@@ -162,7 +163,7 @@ def run_plain(
 
 
 def compare(args, work: Path) -> dict:
-    """Both loops, `args.repeats` timed rounds after a warm-up round; the report (see doc)."""
+    """Both loops, `args.repeats` timed rounds after `args.warmup_rounds`; the report."""
     data_dir, images = synthetic.write(
         work / "data", args.n_images, 16, args.data_dir, seed=args.seed
     )
@@ -170,7 +171,7 @@ def compare(args, work: Path) -> dict:
     initial = training.build_run(cfg).module  # the weights both loops start from
     times: dict[str, list[float]] = {"plain": [], "lightning": []}
     loader, run, steps, names = None, None, 0, []
-    for i in range(args.repeats + 1):
+    for i in range(args.warmup_rounds + args.repeats):
         order = ("lightning", "plain") if i % 2 == 0 else ("plain", "lightning")
         for name in order:
             if name == "lightning":
@@ -182,7 +183,7 @@ def compare(args, work: Path) -> dict:
                 loader = loader or run.datamodule.train_dataloader()
             else:
                 seconds = run_plain(initial, loader, args.epochs, args.precision, frozen(cfg))
-            if i:
+            if i >= args.warmup_rounds:
                 times[name].append(sum(seconds))
     batch = args.batch_size
     images_per_epoch = steps * batch
@@ -228,6 +229,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--widths", default="16,32,64", help="SpeedNet widths, comma-separated")
     ap.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per loop, alternating")
+    ap.add_argument("--warmup-rounds", type=int, default=1, help="untimed runs per loop first")
     ap.add_argument(
         "--precision", default="32-true", choices=sorted(reference_loop.AUTOCAST) + ["32-true"]
     )

@@ -117,13 +117,14 @@ class Profiled(L.Callback):
             self.profile.disable()
 
 
-def profile(args, work: Path) -> dict:
+def profile(args, work: Path, top: int = 0) -> dict:
     data_dir, _ = synthetic.write(work / "data", args.n_images, 16, args.data_dir, args.seed)
     cfg = framework.recipe_cfg(args, data_dir, work / "run")
     initial = training.build_run(cfg).module
     freeze = framework.frozen(cfg)
     loader, out = None, {}
-    for i, profiled in enumerate((False, True)):  # a warm-up round first
+    rounds = [False] * args.warmup_rounds + [True]  # warm-up rounds, then the profiled one
+    for i, profiled in enumerate(rounds):
         cfg.run_dir = str(work / f"run{i}")
         run = training.build_run(cfg)
         probe = Profiled()
@@ -139,9 +140,9 @@ def profile(args, work: Path) -> dict:
         if profiled:
             out = {
                 "plain": by_owner(pstats.Stats(plain), steps),
-                "lightning": by_owner(pstats.Stats(probe.profile), steps, top=args.top),
+                "lightning": by_owner(pstats.Stats(probe.profile), steps, top=top),
             }
-    lightning = out["lightning"]["total"] if args.top else out["lightning"]
+    lightning = out["lightning"]["total"] if top else out["lightning"]
     totals = {"plain": sum(out["plain"].values()), "lightning": sum(lightning.values())}
     return {
         "us_per_step_by_owner": out,
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.widths = [int(w) for w in args.widths.split(",")]
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     with tempfile.TemporaryDirectory() as tmp:
-        report = profile(args, Path(tmp))
+        report = profile(args, Path(tmp), args.top)
     print(json.dumps(report, indent=2))
     return report
 
