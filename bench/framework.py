@@ -57,20 +57,20 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 class EpochClock(L.Callback):
-    """Each training epoch's wall time, from its start to the end of its last batch."""
+    """Each training epoch's time by `clock`, from its start to the end of its last batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=time.perf_counter) -> None:
         self.seconds: list[float] = []
-        self._t0 = 0.0
+        self.clock, self._t0 = clock, 0.0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         sync(pl_module.device)
-        self._t0 = time.perf_counter()
+        self._t0 = self.clock()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if batch_idx + 1 == trainer.num_training_batches:
             sync(pl_module.device)
-            self.seconds.append(time.perf_counter() - self._t0)
+            self.seconds.append(self.clock() - self._t0)
 
 
 def recipe_cfg(args, data_dir: Path, run_dir: Path) -> DictConfig:
@@ -118,9 +118,9 @@ def frozen(cfg: DictConfig) -> list[str]:
     return [node.get("layer", "net.stem").removeprefix("net.") + ".weight"]
 
 
-def run_lightning(cfg: DictConfig) -> tuple[list[float], training.Run]:
+def run_lightning(cfg: DictConfig, clock=time.perf_counter) -> tuple[list[float], training.Run]:
     run = training.build_run(cfg)
-    clock = EpochClock()
+    clock = EpochClock(clock)
     run.trainer.callbacks.append(clock)
     with training.guard(run):
         training.fit(run)
@@ -134,6 +134,7 @@ def run_plain(
     precision: str,
     freeze: list[str],
     around=None,  # a context the training loop runs in (a profiler)
+    clock=time.perf_counter,
 ) -> list[float]:
     module = copy.deepcopy(initial).to(loader.images.device)
     net = module.net
@@ -158,6 +159,7 @@ def run_plain(
             precision,
             module.hparams.label_smoothing,
             epoch_seconds=seconds,
+            clock=clock,
         )
     return seconds
 
@@ -170,19 +172,22 @@ def compare(args, work: Path) -> dict:
     cfg = recipe_cfg(args, data_dir, work / "run")
     initial = training.build_run(cfg).module  # the weights both loops start from
     times: dict[str, list[float]] = {"plain": [], "lightning": []}
+    clock = time.process_time if args.cpu_time else time.perf_counter
     loader, run, steps, names = None, None, 0, []
     for i in range(args.warmup_rounds + args.repeats):
         order = ("lightning", "plain") if i % 2 == 0 else ("plain", "lightning")
         for name in order:
             if name == "lightning":
                 cfg.run_dir = str(work / f"run{i}")
-                seconds, run = run_lightning(cfg)
+                seconds, run = run_lightning(cfg, clock)
                 steps = run.trainer.num_training_batches
                 names = [type(c).__name__ for c in run.trainer.callbacks][:-1]  # not the clock
                 # The recipe's own DataModule and augmentation, on the device, for the plain loop
                 loader = loader or run.datamodule.train_dataloader()
             else:
-                seconds = run_plain(initial, loader, args.epochs, args.precision, frozen(cfg))
+                seconds = run_plain(
+                    initial, loader, args.epochs, args.precision, frozen(cfg), clock=clock
+                )
             if i >= args.warmup_rounds:
                 times[name].append(sum(seconds))
     batch = args.batch_size
@@ -204,6 +209,7 @@ def compare(args, work: Path) -> dict:
         "channels_last": run.precision.layout,
         "fused": args.fused,
         "compile": args.compile and args.compile_mode,
+        "clock": "process CPU time, one thread" if args.cpu_time else "wall time",
         "plain_images_per_s": round(rate["plain"], 1),
         "lightning_images_per_s": round(rate["lightning"], 1),
         "lightning_s_per_epoch": round(statistics.median(times["lightning"]) / args.epochs, 4),
@@ -238,6 +244,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="CPU only: time by this process's CPU time, on one thread (on a shared machine, "
+        "wall time varies 2-4x with the load; CPU time much less)",
+    )
     return ap
 
 
@@ -249,6 +261,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
+    if args.cpu_time:
+        if args.device != "cpu":
+            raise SystemExit("--cpu-time: CPU only (a GPU's work is not this process's CPU time)")
+        torch.set_num_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     with tempfile.TemporaryDirectory() as tmp:
         report = compare(args, Path(tmp))
