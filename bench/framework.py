@@ -164,11 +164,15 @@ def run_plain(
     return seconds
 
 
-def compare(args, work: Path) -> dict:
-    """Both loops, `args.repeats` timed rounds after `args.warmup_rounds`; the report."""
-    data_dir, images = synthetic.write(
-        work / "data", args.n_images, 16, args.data_dir, seed=args.seed
-    )
+def compare(args, work: Path, data_dir: Path | None = None) -> dict:
+    """Both loops, `args.repeats` timed rounds after `args.warmup_rounds`; the report.
+    `data_dir`: a CIFAR-10 folder of `args.n_images` training images made already."""
+    if data_dir is None:
+        data_dir, images = synthetic.write(
+            work / "data", args.n_images, 16, args.data_dir, seed=args.seed
+        )
+    else:
+        images = f"{args.n_images:,} images of {data_dir}"
     cfg = recipe_cfg(args, data_dir, work / "run")
     initial = training.build_run(cfg).module  # the weights both loops start from
     times: dict[str, list[float]] = {"plain": [], "lightning": []}

@@ -197,11 +197,11 @@ def version(dist: str) -> str:
         return "missing"
 
 
-def machine() -> dict:
+def machine(cuda: bool) -> dict:
+    """Versions, and the GPU where the benchmark runs on one (`cuda`)."""
     import lightning
     import torch
 
-    cuda = torch.cuda.is_available()
     info = {
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "driver": _driver() if cuda else None,
@@ -350,7 +350,9 @@ def plain_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
     net = module.net.to(device)
     optimizer = instantiate(module.hparams.optimizer, params=net.parameters())
     steps = sizes.warmup + sizes.timed
-    scheduler = instantiate(module.hparams.scheduler, optimizer=optimizer, total_steps=steps)
+    scheduler = module.hparams.scheduler and instantiate(
+        module.hparams.scheduler, optimizer=optimizer, total_steps=steps
+    )
     step = Step(net, optimizer, scheduler, prec.name, module.hparams.label_smoothing)
     loader, batches, seconds = dm.train_dataloader(), iter(()), []
     net.train()
@@ -474,7 +476,7 @@ def auto_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms: dic
     }
 
 
-def framework_section(sizes: Sizes, source: str | None, work: Path, device: str) -> list:
+def framework_section(sizes: Sizes, data_dir: Path, work: Path, device: str) -> list:
     """The recipe's Lightning run against the plain loop (bench/framework.py)."""
     from bench import framework
 
@@ -496,9 +498,8 @@ def framework_section(sizes: Sizes, source: str | None, work: Path, device: str)
             str(1 if compiled else sizes.framework_repeats),
             "--warmup-rounds",
             str(sizes.warmup_rounds),
-            *(["--data-dir", source] if source else []),
         ]
-        report = framework.compare(framework.parse(argv), work / f"framework{i}")
+        report = framework.compare(framework.parse(argv), work / f"framework{i}", data_dir)
         cases.append({"case": name, "argv": argv, **report})
         _release()
     return cases
@@ -933,7 +934,7 @@ def run(args, out: Path) -> dict:
         work / "data", sizes.images, sizes.images // 5, args.data_dir
     )
     data = {
-        "machine": machine(),
+        "machine": machine(cuda),
         "missing": missing()[1],
         "sizes": asdict(sizes),
         "images": images,
@@ -948,7 +949,7 @@ def run(args, out: Path) -> dict:
         "precision": lambda: precision_section(sizes, data_dir, work, device, dms),
         "checkpointing": lambda: checkpointing_section(sizes, data_dir, work, device, dms),
         "auto": lambda: auto_section(sizes, data_dir, work, device, dms),
-        "framework": lambda: framework_section(sizes, args.data_dir, work, device),
+        "framework": lambda: framework_section(sizes, data_dir, work, device),
         "host": lambda: host_section(sizes, args.data_dir, work, device),
         "speedrun": lambda: speedrun_section(sizes, data_dir, work),
         "tests": lambda: tests_section(args.tests, deadline),
