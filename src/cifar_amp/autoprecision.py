@@ -14,9 +14,9 @@ precision plugin, on the first training batch: one untimed warm-up step each (cu
 autotuning, oneDNN kernel creation), then timed steps in turn (A, B, A, B, ...: a busy machine
 slows every candidate alike) until `precision.probe_seconds` is spent. Where two steps of each
 candidate would not fit that budget (a GPU-sized network and batch on a CPU), it probes on the
-batch's first images only, as many as fit (a pilot step of 16 images each says how many). It runs eager (before
-`module.compile` compiles the network) and leaves the run's module, loader position and random
-state as they were. `choose` rejects every candidate whose loss was not finite and takes the
+batch's first images only, as many as fit (a pilot step of 16 images each says how many). It
+runs eager (before `module.compile` compiles the network) and leaves the run's module, loader
+position and random state as they were. `choose` rejects every candidate whose loss was not finite and takes the
 fastest of the rest by its fastest step; a candidate within 5% of the fastest wins if it is the
 more precise (32-true, then bf16-mixed, then 16-mixed), since the probe's few steps cannot
 tell 5% apart on a busy machine. Under DDP every rank probes and rank 0's choice is used.

@@ -17,9 +17,7 @@ from cifar_amp.errors import InvalidArgument, UserError
 log = logging.getLogger(__name__)
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 SIXTEEN_BIT = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
-AUTO = (
-    "auto"  # the fastest mode whose loss stays finite, by a probe at fit start (autoprecision.py)
-)
+AUTO = "auto"  # the fastest mode whose loss stays finite, by a fit-start probe (autoprecision.py)
 
 
 class Precision:
