@@ -522,7 +522,7 @@ def host_section(sizes: Sizes, source: str | None, work: Path, device: str) -> d
     return {"argv": argv, **timed, "profile": profiled}
 
 
-def speedrun_section(sizes: Sizes, data_dir: Path, work: Path) -> dict:
+def speedrun_section(sizes: Sizes, data_dir: Path, work: Path, deadline: float) -> dict:
     """`train.py experiment=speedrun_gpu`, in a fresh process as a user runs it (the dry run:
     the same config, trained in this process)."""
     run_dir = work / "speedrun_gpu"
@@ -537,7 +537,13 @@ def speedrun_section(sizes: Sizes, data_dir: Path, work: Path) -> dict:
     start = time.perf_counter()
     result = {"command": " ".join(command[1:])}
     if sizes.fresh_process:
-        out = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True)
+        timeout = max(300.0, deadline - start)
+        try:
+            out = subprocess.run(
+                command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return result | {"failed": f"did not finish in {timeout:.0f} s", "seconds": timeout}
         if out.returncode != 0:
             tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
             return result | {"failed": tail, "seconds": time.perf_counter() - start}
@@ -951,7 +957,7 @@ def run(args, out: Path) -> dict:
         "auto": lambda: auto_section(sizes, data_dir, work, device, dms),
         "framework": lambda: framework_section(sizes, data_dir, work, device),
         "host": lambda: host_section(sizes, args.data_dir, work, device),
-        "speedrun": lambda: speedrun_section(sizes, data_dir, work),
+        "speedrun": lambda: speedrun_section(sizes, data_dir, work, deadline),
         "tests": lambda: tests_section(args.tests, deadline),
     }
     data["section_seconds"] = {}
