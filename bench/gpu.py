@@ -961,15 +961,21 @@ def run(args, out: Path) -> dict:
         "tests": lambda: tests_section(args.tests, deadline),
     }
     data["section_seconds"] = {}
-    for name, section in sections.items():
-        if name not in args.sections:
-            continue
-        if name == "framework":  # the steps sections' data is no longer needed
-            dms.clear()
-        _release()
-        began = time.perf_counter()
-        data[name] = section()
-        data["section_seconds"][name] = round(time.perf_counter() - began, 1)
+    threads = torch.get_num_threads()
+    if not cuda:  # tiny networks: a second thread's waits on a busy CPU cost more than it adds
+        torch.set_num_threads(1)
+    try:
+        for name, section in sections.items():
+            if name not in args.sections:
+                continue
+            if name == "framework":  # the steps sections' data is no longer needed
+                dms.clear()
+            _release()
+            began = time.perf_counter()
+            data[name] = section()
+            data["section_seconds"][name] = round(time.perf_counter() - began, 1)
+    finally:
+        torch.set_num_threads(threads)
     data["seconds"] = time.perf_counter() - start
     shutil.rmtree(work, ignore_errors=True)
     return data
