@@ -23,11 +23,13 @@ import cProfile
 import json
 import pstats
 import tempfile
+import time
 import warnings
 from collections import defaultdict
 from pathlib import Path
 
 import lightning as L
+import torch
 
 from bench import framework, synthetic
 from cifar_amp import training
@@ -106,8 +108,8 @@ def by_owner(stats: pstats.Stats, steps: int, top: int = 0) -> dict:
 class Profiled(L.Callback):
     """cProfile on from an epoch's start to the end of its last batch."""
 
-    def __init__(self) -> None:
-        self.profile = cProfile.Profile()
+    def __init__(self, timer=time.perf_counter) -> None:
+        self.profile = cProfile.Profile(timer)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.profile.enable()
@@ -122,19 +124,20 @@ def profile(args, work: Path, top: int = 0) -> dict:
     cfg = framework.recipe_cfg(args, data_dir, work / "run")
     initial = training.build_run(cfg).module
     freeze = framework.frozen(cfg)
+    timer = time.process_time if args.cpu_time else time.perf_counter
     loader, out = None, {}
     rounds = [False] * args.warmup_rounds + [True]  # warm-up rounds, then the profiled one
     for i, profiled in enumerate(rounds):
         cfg.run_dir = str(work / f"run{i}")
         run = training.build_run(cfg)
-        probe = Profiled()
+        probe = Profiled(timer)
         if profiled:
             run.trainer.callbacks.append(probe)
         with training.guard(run):
             training.fit(run)
         steps = args.epochs * run.trainer.num_training_batches
         loader = loader or run.datamodule.train_dataloader()
-        plain = cProfile.Profile()
+        plain = cProfile.Profile(timer)
         around = plain if profiled else contextlib.nullcontext()
         framework.run_plain(initial, loader, args.epochs, args.precision, freeze, around)
         if profiled:
@@ -160,6 +163,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--top", type=int, default=0, help="also each owner's N costliest functions")
     args = ap.parse_args(argv)
     args.widths = [int(w) for w in args.widths.split(",")]
+    if args.cpu_time:
+        torch.set_num_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     with tempfile.TemporaryDirectory() as tmp:
         report = profile(args, Path(tmp), args.top)
