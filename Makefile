@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train eval test test-slow test-gpu test-extras
+.PHONY: install train eval test test-slow test-gpu test-extras bench-gpu
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,3 +35,15 @@ test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 # tests and trains the default recipe (ARGS: names of extras to check, default all).
 test-extras: $(STAMP)
 	$(PY) .ci/extras.py $(ARGS)
+
+# Every GPU promise of the template in one command, one table (bench/gpu.py), written into
+# docs/benchmarks-gpu.md's record section. No venv is needed: on a GPU machine that has torch,
+# torchvision, lightning and torchmetrics but no network,
+#   make bench-gpu PYTHON=python3 WHEELS=<folder of Hydra's wheels> [DATA=<CIFAR-10 folder>]
+# installs Hydra's three wheels into .bench-site/ and runs with PYTHONPATH=src:. (the venv's
+# python is used where `make install` made one). Without CUDA it is a dry run at tiny sizes.
+BENCH_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+bench-gpu:
+	$(if $(WHEELS),$(BENCH_PY) -m pip install -q --no-index --no-deps --target .bench-site $(WHEELS)/*.whl &&) \
+	PYTHONPATH=src:.$(if $(WHEELS),:.bench-site)$${PYTHONPATH:+:$$PYTHONPATH} \
+	$(BENCH_PY) -m bench.gpu $(if $(DATA),--data-dir $(DATA)) $(ARGS)

@@ -11,6 +11,7 @@ the Lightning loop (bench/tests/test_speed.py), so timing both compares loops, n
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 import torch.nn.functional as F
@@ -19,25 +20,70 @@ from torch import nn
 AUTOCAST = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
+class Step:
+    """One training step, as Lightning's automatic optimisation runs it: zero_grad(set_to_none)
+    -> forward under autocast -> loss -> backward (scaled under 16-mixed) -> optimizer step
+    -> scheduler step. Returns the loss and the logits."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler=None,  # stepped after every optimizer step, as `interval: step` in Lightning
+        precision: str = "32-true",
+        label_smoothing: float = 0.0,
+        scaler: torch.amp.GradScaler | None = None,  # 16-mixed only; None = a default GradScaler
+    ) -> None:
+        if precision not in ("32-true", *AUTOCAST):
+            raise ValueError(
+                f"precision {precision!r}: the reference loop supports 32-true, 16-mixed, bf16-mixed"
+            )
+        self.device = next(net.parameters()).device
+        self.net, self.optimizer, self.scheduler = net, optimizer, scheduler
+        self.dtype, self.label_smoothing = AUTOCAST.get(precision), label_smoothing
+        if precision == "16-mixed" and scaler is None:
+            scaler = torch.amp.GradScaler(self.device.type)
+        self.scaler = scaler
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.optimizer.zero_grad(set_to_none=True)
+        dtype = self.dtype
+        ctx = torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        with ctx:
+            logits = self.net(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return loss, logits
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def fit(
     net: nn.Module,
     loader,  # DeviceBatches (anything with set_epoch and an iterator of (x, y))
     optimizer: torch.optim.Optimizer,
-    scheduler=None,  # stepped after every optimizer step, as `interval: step` in Lightning
+    scheduler=None,
     epochs: int = 1,
     precision: str = "32-true",
     label_smoothing: float = 0.0,
-    scaler: torch.amp.GradScaler | None = None,  # 16-mixed only; None = a default GradScaler
+    scaler: torch.amp.GradScaler | None = None,
+    epoch_seconds: list[float] | None = None,  # appended: each epoch's batches, by `clock`
+    clock=time.perf_counter,
 ) -> list[tuple[float, float]]:
-    """Train `net` in place; return (mean loss, accuracy) per epoch."""
-    device = next(net.parameters()).device
-    dtype = AUTOCAST.get(precision)
-    if precision not in ("32-true", *AUTOCAST):
-        raise ValueError(
-            f"precision {precision!r}: the reference loop supports 32-true, 16-mixed, bf16-mixed"
-        )
-    if precision == "16-mixed" and scaler is None:
-        scaler = torch.amp.GradScaler(device.type)
+    """Train `net` in place (see Step); return (mean loss, accuracy) per epoch."""
+    step = Step(net, optimizer, scheduler, precision, label_smoothing, scaler)
+    device = step.device
     history = []
     net.train()
     for epoch in range(epochs):
@@ -45,24 +91,16 @@ def fit(
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device, dtype=torch.long)
         seen = 0
+        sync(device)
+        start = clock()
         for x, y in loader:
-            optimizer.zero_grad(set_to_none=True)
-            ctx = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-            with ctx:
-                logits = net(x)
-                loss = F.cross_entropy(logits, y, label_smoothing=label_smoothing)
-            if precision == "16-mixed":
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
+            loss, logits = step(x, y)
             loss_sum += loss.detach() * len(y)
             correct += (logits.detach().argmax(1) == y).sum()
             seen += len(y)
+        sync(device)
+        if epoch_seconds is not None:
+            epoch_seconds.append(clock() - start)
         history.append(
             ((loss_sum / max(seen, 1)).item(), (correct / max(seen, 1)).item())
         )  # one sync per epoch

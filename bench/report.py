@@ -7,11 +7,6 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-
 
 def fmt(value, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -40,10 +35,13 @@ def grouped_bars(
     panels: Sequence[tuple[str, dict[str, Sequence[float | None]]]],
     reference_line: float | None = None,
 ) -> None:
-    """One panel per (title, {series: one value per category}); missing values draw no bar."""
-    fig, axes = plt.subplots(
-        len(panels), 1, figsize=(max(6, 1.3 * len(categories)), 3.2 * len(panels)), squeeze=False
-    )
+    """One panel per (title, {series: one value per category}); missing values draw no bar.
+    matplotlib is imported here, so that the tables need only the standard library."""
+    # The object API, not pyplot: no global backend or figure registry, and no display needed.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(6, 1.3 * len(categories)), 3.2 * len(panels)))
+    axes = fig.subplots(len(panels), 1, squeeze=False)
     for ax, (title, series) in zip(axes[:, 0], panels, strict=False):
         width = 0.8 / max(1, len(series))
         for i, (label, values) in enumerate(series.items()):
@@ -61,4 +59,3 @@ def grouped_bars(
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -36,6 +36,19 @@ def test_every_run_writes_its_history_and_curves_without_a_logger(make_cfg, tmp_
     assert picture.shape[0] > 100 and picture.shape[1] > 300
 
 
+def test_without_matplotlib_a_run_keeps_its_history_and_says_why_no_png(
+    make_cfg, tmp_path, monkeypatch, caplog
+):
+    real = plot.importlib.util.find_spec
+    monkeypatch.setattr(
+        plot.importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a)
+    )
+    result = train(make_cfg())
+    assert result[metrics.TEST_ACC] >= 0 and history(tmp_path)[plot.EPOCHS]
+    assert not (tmp_path / "curves.png").exists()
+    assert "curves.png not drawn: matplotlib is not installed" in caplog.text
+
+
 @pytest.mark.slow  # three runs
 def test_history_survives_a_crash_and_a_resume_into_a_new_run_dir(make_cfg, tmp_path):
     """Epoch 0 before the crash (at step 16, mid epoch 1) is kept, and the resumed run's history

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, FSDPPrecision, MixedPrecision
+from lightning.pytorch.plugins.precision import Precision as Plugin
 from lightning.pytorch.strategies import (
     DDPStrategy,
     DeepSpeedStrategy,
@@ -19,8 +20,9 @@ from lightning.pytorch.strategies import (
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from cifar_amp.autoprecision import SAFEST_FIRST as AUTO_CANDIDATES
 from cifar_amp.errors import UserError
-from cifar_amp.precision import NAMES, Precision, describe_plugin
+from cifar_amp.precision import Precision, describe_plugin
 from conftest import compose_cfg
 
 SCALER = {"init_scale": 1024.0, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 7}
@@ -58,9 +60,22 @@ def test_a_disabled_scaler_stays_disabled_under_fsdp():
 @pytest.mark.parametrize(
     "strategy", [SingleDeviceStrategy, DDPStrategy, FSDPStrategy, DeepSpeedStrategy]
 )
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "16-mixed"])
-def test_other_modes_get_lightnings_plugin_made_from_their_name(strategy, name):
-    assert Precision(name).plugin(strategy, "cuda") is None
+def test_auto_candidates_get_their_strategys_plugin(strategy):
+    made = {name: Precision("auto").plugin(strategy, "cpu", name) for name in AUTO_CANDIDATES}
+    expected = {FSDPStrategy: FSDPPrecision, DeepSpeedStrategy: DeepSpeedPrecision}
+    for name, plugin in made.items():
+        assert plugin.precision == name
+        if strategy in expected:
+            assert type(plugin) is expected[strategy]
+        else:
+            assert type(plugin) is (Plugin if name == "32-true" else MixedPrecision)
+
+
+@pytest.mark.parametrize("strategy", [FSDPStrategy, DeepSpeedStrategy])
+def test_auto_is_refused_under_sharding_strategies(strategy):
+    trainer = SimpleNamespace(strategy=object.__new__(strategy))  # Lightning refuses FSDP on CPU
+    with pytest.raises(UserError, match=f"precision=auto does not probe under {strategy.__name__}"):
+        Precision("auto").setup(trainer)
 
 
 def test_deepspeed_scales_the_loss_itself_with_the_scaler_settings():

@@ -77,6 +77,10 @@ def test_framework_benchmark_runs_tiny():
         ]
     )
     assert report["images_per_epoch"] == 128 and report["ratio_lightning_over_plain"] > 0
+    # the recipe's Lightning run, every callback (experiment=speedrun_gpu)
+    assert {"EMA", "PatchWhitening", "StopOnNonFiniteLoss", "PrecisionDiagnostics"} <= set(
+        report["callbacks"]
+    )
 
 
 def test_loader_benchmark_runs_tiny(tiny_data):

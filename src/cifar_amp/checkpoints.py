@@ -103,10 +103,11 @@ class Checkpoint:
         self.path, self.key = str(path), key
         self.data = load(path, key, trust)
         self.hparams: dict = self.data.get("hyper_parameters", {})
+        self.settings: dict = self.data.get(SETTINGS, {})  # older checkpoints have none
 
     def check_settings(self, settings: dict[str, Any]) -> None:
         """Refuse to continue with other settings, naming the first that differs."""
-        for key, theirs in self.data.get(SETTINGS, {}).items():  # older checkpoints have none
+        for key, theirs in self.settings.items():
             if key in settings and settings[key] != theirs:
                 raise UserError(
                     f"{self.key}={self.path} was trained with {key}={theirs}; this run asks for "
@@ -176,12 +177,14 @@ def resume_source(cfg) -> Path | None:
 
 class Record(Callback):
     """Writes into every checkpoint the settings a resume must keep and the version (run id)
-    of each logger, by its config key."""
+    of each logger, by its config key. The precision is the mode in use, which `auto` chooses
+    only once fit has started."""
 
-    def __init__(self, settings: dict, loggers: dict) -> None:
-        self.settings, self.loggers = settings, loggers
+    def __init__(self, settings: dict, loggers: dict, precision=None) -> None:
+        self.settings, self.loggers, self.precision = settings, loggers, precision
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[SETTINGS] = self.settings
+        mode = {"precision": self.precision.name} if self.precision is not None else {}
+        checkpoint[SETTINGS] = self.settings | mode
         versions = {k: lg.version for k, lg in self.loggers.items()}
         checkpoint[TRACKERS] = {k: v for k, v in versions.items() if v not in (None, "")}

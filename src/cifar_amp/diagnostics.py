@@ -105,6 +105,7 @@ class PrecisionDiagnostics(Callback):
         self._warmup: float | None = None  # the clock's seconds after the warm-up batches
         self._fit_steps = 0
         self._device = torch.device("cpu")
+        self._params_key, self._param_list = None, []  # see _params
 
     # -- fit start: one line per fact ------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -161,10 +162,10 @@ class PrecisionDiagnostics(Callback):
         self._reset_epoch(pl_module)
 
     def _reset_epoch(self, pl_module: LightningModule) -> None:
-        zero = torch.zeros((), device=pl_module.device)
-        self._norm_sum, self._norm_max, self._finite, self._clipped = (
-            zero.clone() for _ in range(4)
-        )
+        # Per step, the gradients' norm as a device tensor (and their largest value when
+        # clipping by value), reduced once at epoch end: a step adds no device op but the norm.
+        self._norms: list[Tensor] = []
+        self._value_norms: list[Tensor] = []
         self._steps = self._images = 0  # host counters: known without asking the device
         self._device = pl_module.device
         if self._device.type == "cuda":
@@ -191,34 +192,30 @@ class PrecisionDiagnostics(Callback):
         self, trainer: Trainer, pl_module: LightningModule, optimizer
     ) -> None:
         # Lightning has unscaled the gradients (16-mixed) and clips right after this hook.
-        grads = [
-            p.grad
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None
-        ]
+        grads = [p.grad for p in self._params(optimizer) if p.grad is not None]
         if not grads:
             return
         self._steps += 1
-        norm = torch.nn.utils.get_total_norm(grads, 2.0).float()
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
         scaler = _scaler(trainer)
         if scaler is not None and _unscales_in_step(optimizer):
             # These gradients are still scaled (and clipping is refused with a fused optimizer
             # under 16-bit mixed modes: build.py).
             norm = norm / _scale(scaler)
-        finite = torch.isfinite(norm)
-        safe = torch.where(finite, norm, 0.0)
-        self._norm_sum += safe
-        torch.maximum(self._norm_max, safe, out=self._norm_max)
-        self._finite += finite
-        if clip := trainer.gradient_clip_val:
-            if trainer.gradient_clip_algorithm == "value":
-                changed = torch.nn.utils.get_total_norm(grads, float("inf")).float() > clip
-            else:  # torch.nn.utils.clip_grad_norm_ rescales iff clip / (norm + 1e-6) < 1
-                changed = norm + 1e-6 > clip
-            self._clipped += changed & finite
+        self._norms.append(norm)
+        if trainer.gradient_clip_val and trainer.gradient_clip_algorithm == "value":
+            self._value_norms.append(torch.nn.utils.get_total_norm(grads, float("inf")))
         if scaler is not None and _scale(scaler) is not None:
             self._scale_before = _scale(scaler).clone()
+
+    def _params(self, optimizer) -> list[Tensor]:
+        # The optimizer's parameters, listed again only when it or its groups change (fine-tuning
+        # adds a group when it unfreezes layers); from step to step only their `.grad` changes.
+        key = (optimizer, len(optimizer.param_groups))
+        if self._params_key != key:
+            self._params_key = key
+            self._param_list = [p for g in optimizer.param_groups for p in g["params"]]
+        return self._param_list
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
@@ -247,14 +244,18 @@ class PrecisionDiagnostics(Callback):
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)
 
         if self._steps:
-            nan = torch.full_like(self._norm_sum, float("nan"))
-            log(
-                GRAD_NORM,
-                torch.where(self._finite > 0, self._norm_sum / self._finite.clamp_min(1), nan),
-            )
-            log(GRAD_NORM_MAX, self._norm_max)
-            if trainer.gradient_clip_val:
-                log(CLIP_FRACTION, self._clipped / self._steps)
+            norms = torch.stack(self._norms).float()
+            finite = torch.isfinite(norms)
+            safe, count = torch.where(finite, norms, 0.0), finite.sum()
+            nan = torch.full_like(count, float("nan"), dtype=norms.dtype)
+            log(GRAD_NORM, torch.where(count > 0, safe.sum() / count.clamp_min(1), nan))
+            log(GRAD_NORM_MAX, safe.max())
+            if clip := trainer.gradient_clip_val:
+                if trainer.gradient_clip_algorithm == "value":
+                    changed = torch.stack(self._value_norms).float() > clip
+                else:  # torch.nn.utils.clip_grad_norm_ rescales iff clip / (norm + 1e-6) < 1
+                    changed = norms + 1e-6 > clip
+                log(CLIP_FRACTION, (changed & finite).sum() / self._steps)
         scaler = _scaler(trainer)
         if scaler is not None and _scale(scaler) is not None:
             log(SCALE, _scale(scaler).float().reshape(()))

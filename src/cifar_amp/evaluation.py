@@ -24,6 +24,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
     prec = build.precision(cfg)
+    prec.adopt(ckpt.settings.get("precision"))  # auto: the mode the checkpoint trained in
     trainer = build.trainer(cfg, prec, loggers=build.loggers(cfg).values())
     dm = build.datamodule(cfg, prec.layout)
     module = ckpt.module(channels_last=prec.layout)

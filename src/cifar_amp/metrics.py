@@ -11,7 +11,10 @@ TEST_ACC = "test/acc"
 
 # Keys of metrics.json besides the metrics logged during fit (which it holds too, as their
 # last values: an extra's callback that logs one adds it there).
-PRECISION = "precision"
+PRECISION = "precision"  # the mode trained in (under precision=auto: the mode it chose)
+# precision=auto: `precision_probe/<mode>`, images/s of each candidate in the fit-start probe
+# (null: its loss was not finite, so it was rejected); absent when a resume reused the choice.
+PRECISION_PROBE = "precision_probe"
 EPOCHS = "epochs"
 FIT_SECONDS = "fit_seconds"  # wall time of trainer.fit: set-up, training, validation, checkpoints
 TESTED_CKPT = "tested_ckpt"

@@ -9,7 +9,9 @@ one colour each. A multirun dir stands for its jobs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ from lightning.pytorch import Callback
 
 from cifar_amp import metrics
 from cifar_amp.errors import UserError, reported
+
+log = logging.getLogger(__name__)
 
 HISTORY = "history.json"  # in the run dir
 LR = "lr"  # key of the learning-rate series in history.json: [[epoch (fractional), lr], ...]
@@ -67,12 +71,14 @@ class TrainingCurves(Callback):
             (self.dirpath / HISTORY).write_text(json.dumps(self.history) + "\n")
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        if trainer.is_global_zero and self.history[EPOCHS]:
-            write(
-                {self.dirpath.name: self.history},
-                self.dirpath / "curves.png",
-                title=str(self.dirpath),
-            )
+        if not (trainer.is_global_zero and self.history[EPOCHS]):
+            return
+        if importlib.util.find_spec("matplotlib") is None:  # a machine with the core only
+            log.warning("curves.png not drawn: matplotlib is not installed (history.json is)")
+            return
+        write(
+            {self.dirpath.name: self.history}, self.dirpath / "curves.png", title=str(self.dirpath)
+        )
 
     @staticmethod
     def _values(trainer, keys) -> dict[str, float]:

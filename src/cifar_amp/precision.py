@@ -23,6 +23,7 @@ from cifar_amp.errors import InvalidArgument, UserError
 log = logging.getLogger(__name__)
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 SIXTEEN_BIT = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
+AUTO = "auto"  # the fastest mode whose loss stays finite, by a fit-start probe (autoprecision.py)
 
 
 class Precision:
@@ -32,9 +33,12 @@ class Precision:
         name: Lightning's precision name. `16-mixed` is float16 autocast + GradScaler on every
             device, CPU included (Lightning alone would quietly use bfloat16 on CPU), and under
             every strategy (FSDP: its sharded GradScaler; DeepSpeed: its own loss scaler).
+            `auto`: the fastest of this device's candidate modes whose loss stays finite,
+            measured by a short probe of the run's own network and batch at fit start
+            (autoprecision.py); a resume keeps the choice its checkpoint records.
         scaler: torch.amp.GradScaler arguments (defaults are torch's); `16-mixed` only.
-        channels_last: NHWC network and batches. null = on for 16-bit modes on CUDA, where
-            tensor-core convolutions want NHWC; off elsewhere (on CPU it is slower).
+        channels_last: NHWC network and batches. null = on for 16-bit modes (and `auto`) on
+            CUDA, where tensor-core convolutions want NHWC; off elsewhere (on CPU it is slower).
         tf32: let float32 convolutions and matmuls use TF32 tensor cores (Ampere or newer).
             True is PyTorch's own default for cuDNN convolutions, so `32-true` is then really
             TF32 for a conv net; false gives strict IEEE fp32 (the slow baseline).
@@ -46,10 +50,15 @@ class Precision:
         scaler: Annotated[Optional[dict], Nested(torch.amp.GradScaler, ("device",))] = None,
         channels_last: Optional[bool] = None,
         tf32: bool = True,
+        probe_seconds: float = 20.0,
     ) -> None:
-        if name not in NAMES:
-            raise InvalidArgument("name", repr(name), f"valid: {', '.join(NAMES)}")
+        if name not in (*NAMES, AUTO):
+            raise InvalidArgument("name", repr(name), f"valid: {', '.join((*NAMES, AUTO))}")
+        if not probe_seconds > 0:
+            raise InvalidArgument("probe_seconds", probe_seconds, "must be > 0")
         self.name, self.tf32, self._channels_last = name, tf32, channels_last
+        self.requested, self.probe_seconds = name, probe_seconds
+        self.probed: dict[str, float | None] = {}  # auto: images/s per candidate (None: rejected)
         self.layout: bool | None = None  # channels_last or not: decided by setup()
         params = inspect.signature(torch.amp.GradScaler).parameters
         s = self.scaler = {k: p.default for k, p in params.items() if k != "device"} | (
@@ -67,17 +76,31 @@ class Precision:
     @property
     def trainer_precision(self) -> str:
         """The Trainer's `precision=`. The 16-mixed plugin is made for the device the Trainer
-        picks (setup), so such a Trainer starts in 32-true."""
-        return "32-true" if self.name == "16-mixed" else self.name
+        picks (setup), and auto's at fit start, so such a Trainer starts in 32-true."""
+        return "32-true" if self.name in ("16-mixed", AUTO) else self.name
 
     def channels_last(self, device: str) -> bool:
         if self._channels_last is not None:
             return self._channels_last
-        return device == "cuda" and self.name in SIXTEEN_BIT
+        # auto: the layout of its 16-bit candidates, which it probes (and picks) in it
+        return device == "cuda" and (self.requested == AUTO or self.name in SIXTEEN_BIT)
+
+    def adopt(self, recorded: str | None) -> None:
+        """`auto` resuming a run: the mode that run chose (its checkpoint's record), no probe."""
+        if self.name == AUTO and recorded in NAMES:
+            self.name = recorded
+            log.info("Precision auto: %s, as chosen by the run resumed (no probe)", recorded)
 
     def setup(self, trainer) -> None:
         """For the device the Trainer chose: the 16-mixed plugin with this GradScaler, TF32,
         the layout; one line in the log."""
+        strategy = type(trainer.strategy)
+        if self.name == AUTO and issubclass(strategy, (FSDPStrategy, DeepSpeedStrategy)):
+            # the probe trains plain copies of the network on one device, not sharded ones
+            raise UserError(
+                f"precision=auto does not probe under {strategy.__name__}; choose a mode: "
+                "precision=bf16-mixed, 16-mixed or 32-true"
+            )
         device = trainer.strategy.root_device
         if (
             device.type == "cuda"
@@ -88,33 +111,53 @@ class Precision:
                 f"precision={self.name}: {torch.cuda.get_device_name(device)} has no bfloat16 "
                 "support; valid here: 16-mixed, 32-true, 16-true"
             )
-        plugin = self.plugin(type(trainer.strategy), device.type)
-        if plugin is not None:
-            trainer.strategy.precision_plugin = plugin
-        if isinstance(plugin, DeepSpeedPrecision):
-            vars(trainer.strategy).update(self.deepspeed_loss_scaler())
+        if self.name == "16-mixed":
+            plugin = trainer.strategy.precision_plugin = self.plugin(strategy, device.type)
+            if isinstance(plugin, DeepSpeedPrecision):
+                vars(trainer.strategy).update(self.deepspeed_loss_scaler())
         if device.type == "cuda":  # process-wide switches that only CUDA reads
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
         self.layout = self.channels_last(device.type)
+        if self.name != AUTO:
+            log.info("Precision: %s", self.describe(trainer))
+            return
+        from cifar_amp.autoprecision import AutoPrecision  # it imports this module
+
+        trainer.callbacks.append(AutoPrecision(self))
+        layout = "channels_last" if self.layout else "contiguous (NCHW)"
+        log.info("Precision: auto, chosen at fit start by a probe (layout %s)", layout)
+
+    def use(self, trainer, name: str) -> None:
+        """auto: run the rest of the fit in mode `name` (before the strategy's set-up)."""
+        self.name = name
+        device = trainer.strategy.root_device.type
+        trainer.strategy.precision_plugin = self.plugin(type(trainer.strategy), device, name)
         log.info("Precision: %s", self.describe(trainer))
 
-    def plugin(self, strategy: type[Strategy], device: str) -> Plugin | None:
-        """The precision plugin for a Trainer with this strategy on this device type, where
-        Lightning's own (made from the Trainer's precision name) would not do: only 16-mixed,
-        whose Trainer starts in 32-true. None: Lightning's."""
-        if self.name != "16-mixed":
-            return None
+    def plugin(self, strategy: type[Strategy], device: str, name: str | None = None) -> Plugin:
+        """The precision plugin of mode `name` (default: this choice) for a Trainer with this
+        strategy on this device type, with this GradScaler for 16-mixed. Made here only where
+        Lightning's own, made from the Trainer's precision name, would not do: 16-mixed (whose
+        Trainer starts in 32-true, see trainer_precision) and auto's candidates."""
+        name = name or self.name
         if issubclass(strategy, FSDPStrategy):  # Lightning's FSDP takes only FSDPPrecision
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+            plugin = FSDPPrecision(name)
+            if name == "16-mixed":
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-            # The scaler is set afterwards: Lightning 2.6.6's FSDPPrecision refuses one in its
-            # constructor (Lightning-AI/pytorch-lightning#19803) and makes a default one.
-            plugin = FSDPPrecision("16-mixed")
-            plugin.scaler = ShardedGradScaler(device, **self.scaler)
+                # Set afterwards: Lightning 2.6.6's FSDPPrecision refuses a scaler in its
+                # constructor (Lightning-AI/pytorch-lightning#19803) and makes a default one.
+                plugin.scaler = ShardedGradScaler(device, **self.scaler)
             return plugin
         if issubclass(strategy, DeepSpeedStrategy):  # scales the loss itself: setup()
-            return DeepSpeedPrecision("16-mixed")
-        return MixedPrecision("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
+            return DeepSpeedPrecision(name)
+        if name == "16-mixed":
+            return MixedPrecision(name, device, torch.amp.GradScaler(device, **self.scaler))
+        if name == "bf16-mixed":
+            return MixedPrecision(name, device)
+        if name == "32-true":
+            return Plugin()
+        raise ValueError(f"precision {name!r}: Lightning makes its plugin from the name")
 
     def deepspeed_loss_scaler(self) -> dict:
         """DeepSpeedStrategy's fp16 loss-scaler arguments for these GradScaler settings.

@@ -111,6 +111,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
     meta = data_meta(ckpt)
     prec = build.precision(cfg)
+    prec.adopt(ckpt.settings.get("precision"))  # auto: the mode the checkpoint trained in
     trainer = build.trainer(cfg, prec)
     if trainer.world_size > 1:
         raise UserError(

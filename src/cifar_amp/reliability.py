@@ -219,13 +219,14 @@ class StopOnNonFiniteLoss(Callback):
 
     The loss is counted, not the gradients: under 16-mixed the GradScaler skips steps with
     inf gradients on its own, which is normal; a loss that stays inf/NaN is not.
-    The count lives on the device. Every `check_every` steps it is copied to the host without
-    waiting (CUDA: into pinned memory, behind an event) and the copy is read at the next check,
-    when it has long arrived: the training step never waits for the GPU. The price is that a
-    stop comes up to 2 x `check_every` steps late on a GPU (`check_every` on CPU, where the copy
-    is immediate). Before every checkpoint write the count is read at once (waiting), and a
-    checkpoint is never written from non-finite weights, so last.ckpt and the best checkpoint
-    stay the last good ones.
+    A step only keeps its loss (a device tensor; no op at all). Every `check_every` steps the
+    kept losses are checked at once on the device (the run of non-finite ones, and the first)
+    and the result is copied to the host without waiting (CUDA: into pinned memory, behind an
+    event); the copy is read at the next check, when it has long arrived: the training step
+    never waits for the GPU. The price is that a stop comes up to 2 x `check_every` steps late
+    on a GPU (`check_every` on CPU, where the copy is immediate). Before every checkpoint write
+    the losses are checked and read at once (waiting), and a checkpoint is never written from
+    non-finite weights, so last.ckpt and the best checkpoint stay the last good ones.
     """
 
     def __init__(self, patience: int = 10, check_every: int = 25) -> None:
@@ -234,20 +235,17 @@ class StopOnNonFiniteLoss(Callback):
                 f"callbacks.non_finite: patience={patience} and check_every={check_every} must be >= 1"
             )
         self.patience, self.check_every = patience, check_every
-        self._run: torch.Tensor | None = None  # consecutive non-finite losses
-        self._first: torch.Tensor | None = None  # step of the first one since the last read, or -1
-        self._copy: _HostCopy | None = None  # (run, first) on its way to the host
+        self._run: torch.Tensor | None = None  # consecutive non-finite losses, as last checked
+        self._losses: list[torch.Tensor] = []  # since the last check
+        self._steps: list[int] = []  # their global steps
+        self._copy: _HostCopy | None = None  # (run, first non-finite of a check) to the host
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
             return
-        bad = ~torch.isfinite(loss.detach())
-        if self._run is None:
-            self._run = torch.zeros((), dtype=torch.long, device=loss.device)
-            self._first = torch.full((), -1, dtype=torch.long, device=loss.device)
-        self._run = torch.where(bad, self._run + 1, 0)
-        self._first = torch.where(bad & (self._first < 0), trainer.global_step, self._first)
+        self._losses.append(loss.detach())
+        self._steps.append(trainer.global_step)
         if trainer.global_step % self.check_every == 0:
             self._check(trainer, wait=False)
 
@@ -264,29 +262,40 @@ class StopOnNonFiniteLoss(Callback):
             self._stop(trainer, f"the weights became non-finite by step {trainer.global_step}")
 
     def _check(self, trainer, wait: bool) -> None:
-        """Read the counts copied at the last check (unless still in flight), then copy the
-        current ones; `wait`: read the current ones now."""
-        if self._run is None:
-            return
+        """Read the result of the last check (unless still in flight), then check the losses
+        kept since; `wait`: read this check's result now."""
         if self._copy is not None:
             if not (wait or self._copy.arrived()):
                 return  # the GPU is that far behind: look again at the next check
             self._report(trainer, self._copy)
-        self._copy = _HostCopy(torch.stack([self._run, self._first]), trainer.global_step)
-        self._first.fill_(-1)  # queued after the copy: the next copy starts afresh
+        if not self._losses:
+            return
+        bad = ~torch.isfinite(torch.stack(self._losses))
+        n, steps = len(self._losses), self._steps
+        self._losses, self._steps = [], []
+        at = torch.arange(n, device=bad.device)
+        first = torch.where(bad, at, n).min()  # n: none
+        last_finite = torch.where(bad, -1, at).max()  # -1: none
+        if self._run is None:
+            self._run = torch.zeros((), dtype=torch.long, device=bad.device)
+        self._run = torch.where(last_finite < 0, self._run + n, n - 1 - last_finite)
+        self._copy = _HostCopy(torch.stack([self._run, first]), steps)
         if wait or self._copy.event is None:
             self._report(trainer, self._copy)
 
     def _report(self, trainer, copy: _HostCopy) -> None:
         self._copy = None
         run, first = copy.values()
-        if first < 0:
+        if first >= len(copy.steps):
             return
-        log.warning("non-finite training loss at step %d (%d consecutive so far)", first, run)
+        log.warning(
+            "non-finite training loss at step %d (%d consecutive so far)", copy.steps[first], run
+        )
         if run >= self.patience:
             self._stop(
                 trainer,
-                f"the training loss was non-finite for {run} consecutive steps up to step {copy.step}",
+                f"the training loss was non-finite for {run} consecutive steps up to step "
+                f"{copy.steps[-1]}",
             )
 
     def _stop(self, trainer, what: str) -> None:
@@ -304,8 +313,8 @@ class _HostCopy:
     """A small device tensor copied to the host without the host waiting for it (CUDA: pinned
     memory, non-blocking copy, an event that says when it has arrived)."""
 
-    def __init__(self, tensor: torch.Tensor, step: int) -> None:
-        self.step = step
+    def __init__(self, tensor: torch.Tensor, steps: list[int]) -> None:
+        self.steps = steps  # the global steps of the losses checked
         self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
         self.host.copy_(tensor, non_blocking=True)
         self.event = torch.cuda.Event() if tensor.is_cuda else None

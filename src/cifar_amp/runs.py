@@ -4,6 +4,7 @@ the run writes there; and a resume into a new run dir keeps the best checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -82,9 +83,11 @@ class ResumableModelCheckpoint(ModelCheckpoint):
     afresh, as in Lightning, with a warning. Without a `monitor` (last.ckpt) nothing is ranked.
     """
 
-    @property
+    @functools.cached_property
     def state_key(self) -> str:
-        # ModelCheckpoint's key: checkpoints written with the plain class resume with their ranking.
+        # ModelCheckpoint's key: checkpoints written with the plain class resume with their
+        # ranking. Cached: its arguments never change, and Lightning asks for it at each hook
+        # call of each step (ModelCheckpoint formats a dict of five arguments every time).
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

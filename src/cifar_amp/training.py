@@ -55,9 +55,10 @@ def build_run(cfg: DictConfig) -> Run:
     resumed = Checkpoint(source, trust=cfg.trust_checkpoint) if source else None
     settings = checkpoints.run_settings(cfg)
     if resumed:  # first: it names the setting that differs
-        resumed.check_settings(settings)
+        prec.adopt(resumed.settings.get("precision"))  # auto: the choice of the run resumed
+        resumed.check_settings(settings | {"precision": prec.name})
     loggers = build.loggers(cfg, resumed.tracker_versions(cfg.logger) if resumed else None)
-    callbacks.append(checkpoints.Record(settings, loggers))
+    callbacks.append(checkpoints.Record(settings, loggers, prec))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     dm = build.datamodule(cfg, prec.layout)
     # A DataModule of yours need not have `meta`; predict then refuses its checkpoints.
@@ -121,8 +122,10 @@ def test(run: Run) -> dict[str, Any]:
 
 def report(run: Run, tested: dict[str, Any]) -> dict[str, Any]:
     """`<run_dir>/metrics.json`, and its numbers to every logger, whose run then ends."""
+    probed = {f"{metrics.PRECISION_PROBE}/{k}": v for k, v in run.precision.probed.items()}
     result = {
         metrics.PRECISION: run.precision.name,
+        **probed,
         metrics.EPOCHS: run.trainer.current_epoch,
         metrics.FIT_SECONDS: run.fit_seconds,
         metrics.VAL_ACC_BEST: run.fitted.get(metrics.VAL_ACC_BEST),

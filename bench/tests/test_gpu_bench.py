@@ -1,0 +1,197 @@
+"""`make bench-gpu` (bench/gpu.py): its dry run on CPU gives the table and rewrites a doc's
+record section; the table's verdicts follow the targets; it says what is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from bench import framework
+from bench import gpu as G
+
+
+def test_dry_run_prints_the_table_and_rewrites_the_record(tmp_path, capsys):
+    doc = tmp_path / "benchmarks-gpu.md"
+    doc.write_text(f"# GPU\n\nbefore\n\n{G.START}\nan older record\n{G.END}\n\nafter\n")
+    out = tmp_path / "out"
+    data = G.main(["--tiny", "--tests", "none", "--out", str(out), "--doc", str(doc)])
+    printed = capsys.readouterr().out
+    first = printed.splitlines()[:3]
+    assert first[1].startswith("missing: ") and first[2].startswith("not a GPU")
+    assert "| target | measured | holds |" in printed
+    targets = [t for t, _, _ in G.rows(data)]
+    for promise in (
+        "template >= 0.95 x plain loop",
+        "mixed precision pays",
+        "activation checkpointing, best setting",
+        "precision=auto",
+        "host work of a recipe step",
+        "Lightning's extra host work",
+        "speedrun_gpu: fit_seconds",
+        "`pytest -m gpu`",
+        "the default test suite",
+    ):
+        assert any(promise in t for t in targets), promise
+    text = doc.read_text()
+    assert text.startswith("# GPU\n\nbefore\n\n") and text.endswith(f"{G.END}\n\nafter\n")
+    assert "an older record" not in text and text.count(G.START) == 1
+    assert "**not a GPU**" in text and "| target | measured | holds |" in text
+    assert "not run (--tests none)" in text and "raw JSON" in text
+    saved = json.loads((out / "bench_gpu.json").read_text())
+    assert saved["machine"]["gpu"] is None and saved["speedrun"]["epochs"] == 1
+    assert saved["host"]["profile"]["us_per_step_by_owner"]["lightning"]["total"]["Lightning"] > 0
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "benchmarks-gpu.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def measured(images_per_sec: float, peak: float = 1000.0, step: float = 10.0) -> dict:
+    return {"images_per_sec": images_per_sec, "peak_mb": peak, "step_ms": step}
+
+
+def gpu_like(**changes) -> dict:
+    data = {
+        "sizes": {"net": "ResNet-18", "batch": 512, "images": 50_000},
+        "defaults": {"32-true": False, "16-mixed": True, "bf16-mixed": True},
+        "precision": [
+            {
+                "mode": "32-true",
+                "channels_last": False,
+                "lightning": measured(19_000, 2500),
+                "plain": measured(19_800, 2500),
+            },
+            {
+                "mode": "32-true",
+                "channels_last": True,
+                "lightning": measured(18_000, 2500),
+                "plain": measured(18_500, 2500),
+            },
+            {
+                "mode": "16-mixed",
+                "channels_last": False,
+                "lightning": measured(23_000, 1400),
+                "plain": measured(26_000, 1366),
+            },
+            {
+                "mode": "16-mixed",
+                "channels_last": True,
+                "lightning": measured(48_000, 1350),
+                "plain": measured(50_000, 1346),
+            },
+        ],
+        "checkpointing": [
+            {"setting": "none", **measured(0, 1400, 10.0)},
+            {"setting": "stage 0", **measured(0, 900, 12.0)},  # best within 1.3 x
+            {"setting": "every block", **measured(0, 700, 17.0)},  # less memory, too slow
+        ],
+        "framework": [
+            {
+                "case": "SpeedNet",
+                "ratio_lightning_over_plain": 0.97,
+                "plain_images_per_s": 1e5,
+                "lightning_images_per_s": 9.7e4,
+                "lightning_s_per_epoch": 0.52,
+            },
+        ],
+        "auto": {
+            "candidates": ["32-true", "16-mixed"],
+            "images_per_sec": {},
+            "chosen": "16-mixed",
+            "finite": {"32-true": True, "16-mixed": True},
+            "seconds": 12.0,
+            "budget": 20.0,
+            "channels_last": True,
+        },
+    }
+    return data | changes
+
+
+def verdicts(data: dict) -> dict[str, str]:
+    return {target: holds for target, _, holds in G.rows(data)}
+
+
+def test_the_table_judges_each_promise_by_its_target():
+    got = verdicts(gpu_like())
+    by = {k.split(":")[0] if "template >=" in k else k: v for k, v in got.items()}
+    assert by["ResNet-18 b512 16-mixed NCHW"] == "no"  # 23,000 / 26,000 = 0.88
+    assert by["ResNet-18 b512 16-mixed channels_last"] == "yes"  # 0.96
+    assert next(v for k, v in got.items() if k.startswith("mixed precision pays")) == "yes"
+    assert next(v for k, v in got.items() if k.startswith("each mode's default layout")) == "yes"
+    ckpt = next(r for r in G.rows(gpu_like()) if r[0].startswith("activation checkpointing"))
+    assert ckpt[1].startswith("stage 0: 900 vs 1,400 MB") and ckpt[2] == "yes"
+    assert next(v for k, v in got.items() if k.startswith("precision=auto")) == "yes"
+    assert got["Lightning / plain >= 0.95: SpeedNet"] == "yes"
+    # auto picking a mode the table finds 2.5x slower does not hold
+    slow = gpu_like(auto=gpu_like()["auto"] | {"chosen": "32-true"})
+    assert next(v for k, v in verdicts(slow).items() if k.startswith("precision=auto")) == "no"
+
+
+def test_unmeasured_promises_say_so():
+    data = gpu_like(
+        precision=[
+            {
+                "mode": "bf16-mixed",
+                "channels_last": True,
+                "lightning": {"skipped": "precision=bf16-mixed: Tesla V100 has no bfloat16"},
+                "plain": {"skipped": "same"},
+            },
+        ],
+        framework=[{"case": "x", "skipped": "dry run"}],
+        tests={"gpu": {"summary": "not run: pytest is not installed"}},
+    )
+    rows = {t: (m, h) for t, m, h in G.rows(data)}
+    skipped = next(v for k, v in rows.items() if "bf16-mixed channels_last" in k)
+    assert skipped == ("skipped: precision=bf16-mixed: Tesla V100 has no bfloat16", "-")
+    assert rows["`pytest -m gpu` passes on this machine"][1] == "-"
+
+
+@pytest.mark.parametrize(
+    "output,expected",
+    [
+        (
+            "...\n==== 412 passed, 3 skipped, 9 deselected in 250.1s ====\n",
+            "412 passed, 3 skipped, 9 deselected in 250.1s",
+        ),
+        (
+            "..F\nFAILED tests/x.py::t\n= 1 failed, 2 passed in 3.0s =\n",
+            "1 failed, 2 passed in 3.0s",
+        ),
+        ("\n===== no tests ran in 0.5s =====\n", "no tests ran in 0.5s"),
+        ("Traceback...\nImportError: no hydra\n", None),
+    ],
+)
+def test_pytest_summary_line(output, expected):
+    assert G.summary_line(output) == expected
+
+
+def test_a_doc_without_the_markers_gets_a_record_section(tmp_path):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Title\n")
+    G.write_record(doc, "the table\n")
+    G.write_record(doc, "the new table\n")
+    text = doc.read_text()
+    assert text.startswith("# Title\n\n## Record") and "the new table" in text
+    assert "the table\n" not in text.replace("the new table", "")
+
+
+def test_missing_packages_are_named_first(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    gone = {"hydra", "matplotlib"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in gone else real(name, *a)
+    )
+    need, nice = G.missing()
+    assert need == ["hydra-core"] and "matplotlib (no chart)" in nice
+    with pytest.raises(SystemExit) as e:
+        G.main(["--tests", "none"])
+    assert e.value.code == 2
+    assert capsys.readouterr().out.splitlines()[1].startswith("missing: hydra-core: cannot run")
+
+
+def test_the_gpu_sizes_name_valid_cases():
+    sizes = G.Sizes.gpu()
+    assert {m.split()[0] for m in sizes.modes} == {m for m, _ in G.MODES}
+    assert set(sizes.checkpointing) <= set(G.CHECKPOINTING)
+    for _, argv in sizes.framework:
+        framework.parse(argv)  # arguments bench.framework takes
