@@ -14,9 +14,10 @@ import os
 from typing import Any
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
@@ -94,6 +95,15 @@ def trainer(
             f"precision={prec.name}: the fused optimizer unscales the gradients inside its step, "
             "so they cannot be clipped before it; drop one of the two (32-true clips with it)"
         )
+    if per_stage_ranks(t.strategy) and HydraConfig.initialized():
+        overrides.setdefault("strategy", _ranks_once(t.strategy))
+        log.info(
+            "trainer.strategy=%s: the ranks are started once for all stages, by re-running this "
+            "command (start_method=popen, as for ddp); ranks started by %s would be new processes "
+            "for each of fit and test, handing back only the weights and the last metrics",
+            t.strategy if isinstance(t.strategy, str) else t.strategy._target_,
+            per_stage_ranks(t.strategy),
+        )
     made = build(
         t,
         "trainer",
@@ -119,6 +129,34 @@ def trainer(
             )
     prec.setup(made)
     return made
+
+
+# Lightning's start methods that make the ranks worker processes of this one, started anew for
+# each of trainer.fit and trainer.test (ddp_spawn, ddp_fork, ddp_notebook and their
+# *_find_unused_parameters_* forms). Such a stage hands back to this process only the weights,
+# the best checkpoint's path and the last metrics: what a run keeps from fit to test and
+# reports after them (the CSV log's columns, the epoch count) would be lost or wrong.
+WORKER_START_METHODS = ("spawn", "fork", "forkserver")
+
+
+def per_stage_ranks(strategy: Any) -> str | None:
+    """The start method of `trainer.strategy` if it is one of WORKER_START_METHODS, else None:
+    a registered name (`ddp_spawn`) or a `_target_` node with `start_method`."""
+    if isinstance(strategy, str):
+        entry = StrategyRegistry[strategy] if strategy in StrategyRegistry else {}
+        start = entry.get("init_params", {}).get("start_method")
+    else:
+        start = strategy.get("start_method") if OmegaConf.is_dict(strategy) else None
+    return start if start in WORKER_START_METHODS else None
+
+
+def _ranks_once(strategy: Any) -> Strategy:
+    """The same strategy with its ranks started once by re-running the command (popen), as
+    `ddp` starts them; a Hydra command can, since a rank re-runs exactly this job (cli.job)."""
+    if isinstance(strategy, str):
+        entry = StrategyRegistry[strategy]
+        return entry["strategy"](**{**entry["init_params"], "start_method": "popen"})
+    return build(strategy, "trainer.strategy", start_method="popen")
 
 
 def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataModule:
