@@ -246,7 +246,14 @@ def test_eval_of_the_tested_checkpoint_gives_the_same_accuracy_with_ema(make_cfg
     result = train(make_cfg(*EMA_RECIPE, "trainer.max_epochs=2", f"run_dir={tmp_path}/train"))
     ckpt = result["tested_ckpt"]
     assert ckpt and "best" in ckpt
-    again = evaluate(make_cfg(f"ckpt_path={ckpt}", f"run_dir={tmp_path}/eval", config_name="eval"))
+    again = evaluate(
+        make_cfg(
+            f"ckpt_path={ckpt}",
+            f"precision={result[metrics.PRECISION]}",  # the recipe's (bf16-mixed)
+            f"run_dir={tmp_path}/eval",
+            config_name="eval",
+        )
+    )
     assert again[metrics.TEST_ACC] == result[metrics.TEST_ACC]
     assert again[metrics.TEST_LOSS] == pytest.approx(result[metrics.TEST_LOSS], rel=1e-6)
     assert (tmp_path / "eval" / "metrics.json").is_file()

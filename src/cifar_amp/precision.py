@@ -16,6 +16,7 @@ from cifar_amp.errors import InvalidArgument, UserError
 log = logging.getLogger(__name__)
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 SIXTEEN_BIT = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
+FLOAT16 = ("16-mixed", "16-true")
 
 
 class Precision:
@@ -87,6 +88,14 @@ class Precision:
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
         self.layout = self.channels_last(device.type)
         log.info("Precision: %s", self.describe(trainer))
+        if device.type == "cpu" and self.name in FLOAT16:
+            log.warning(
+                "Precision: %s on CPU: float16 has no fast CPU kernels for most of the network, so "
+                "expect each step to take many times as long as under 32-true; for speed on CPU "
+                "use precision=bf16-mixed (or 32-true). float16 on CPU is for checking fp16 "
+                "numerics",
+                self.name,
+            )
 
     def describe(self, trainer) -> str:
         """One line: plugin, autocast dtype, scaler settings, layout and TF32."""
