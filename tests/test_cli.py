@@ -121,6 +121,27 @@ def test_a_sweep_gets_the_same_one_line_message_as_a_single_run(tmp_path, sweep,
     assert not (tmp_path / "sweep").exists()  # refused before any job started
 
 
+@pytest.mark.parametrize(
+    "override,named",
+    [("experiment=speedrun_gpu", "experiment=speedrun_gpu"), ("trainer=ddp", "trainer=ddp")],
+)
+def test_a_gpu_option_without_a_gpu_names_itself_and_the_cpu_way(tmp_path, override, named):
+    # It ended in Lightning's "No supported gpu backend found!" / CUDA's "Found no NVIDIA driver".
+    r = run(
+        "train.py",
+        override,
+        f"hydra.run.dir={tmp_path}/run",
+        tmp_path=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": ""},  # no GPU, on any machine
+    )
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr[-2000:]
+    assert r.stderr.startswith(
+        f"error: {named} needs a gpu device (trainer.accelerator=gpu) and none is visible here"
+    )
+    assert "add trainer=cpu" in r.stderr
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
 @pytest.mark.slow
 def test_a_bad_value_fails_its_job_alone_and_the_sweep_names_it(tmp_path, tiny_data):
     r = run(

@@ -16,6 +16,7 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
+from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
@@ -95,6 +96,12 @@ def trainer(
             f"precision={prec.name}: the fused optimizer unscales the gradients inside its step, "
             "so they cannot be clipped before it; drop one of the two (32-true clips with it)"
         )
+    if isinstance(t.accelerator, str) and not _visible(t.accelerator):
+        raise UserError(
+            f"{_chosen_by() or 'this run'} needs a {t.accelerator} device (trainer.accelerator="
+            f"{t.accelerator}) and none is visible here; to run it on this machine's CPU add "
+            "trainer=cpu (or trainer=ddp_cpu: 2 processes)"
+        )
     if per_stage_ranks(t.strategy) and HydraConfig.initialized():
         overrides.setdefault("strategy", _ranks_once(t.strategy))
         log.info(
@@ -129,6 +136,24 @@ def trainer(
             )
     prec.setup(made)
     return made
+
+
+def _visible(accelerator: str) -> bool:
+    """Whether Lightning finds a device for `trainer.accelerator` here (`gpu`: CUDA or MPS;
+    a name Lightning does not know is left to it)."""
+    names = ("cuda", "mps") if accelerator == "gpu" else (accelerator,)
+    known = [AcceleratorRegistry[n]["accelerator"] for n in names if n in AcceleratorRegistry]
+    return not known or any(a.is_available() for a in known)
+
+
+def _chosen_by() -> str:
+    """The option that set the device, so that a user who did not know it can tell: the recipe
+    (`experiment=speedrun_gpu`), else the trainer option; empty outside a command."""
+    if not HydraConfig.initialized():
+        return ""
+    choices = HydraConfig.get().runtime.choices
+    picked = [(g, choices.get(g)) for g in ("experiment", "trainer")]
+    return next((f"{g}={c}" for g, c in picked if c not in (None, "default")), "")
 
 
 # Lightning's start methods that make the ranks worker processes of this one, started anew for
