@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, SHRINK
+from cifar_amp import cli, config
+from conftest import CONFIGS, REPO, SHRINK
 
 
 def run(*args, tmp_path, env=None, timeout=600):
@@ -140,6 +141,41 @@ def test_a_gpu_option_without_a_gpu_names_itself_and_the_cpu_way(tmp_path, overr
     )
     assert "add trainer=cpu" in r.stderr
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_training_override_given_to_eval_gets_one_line_and_exit_2(tmp_path):
+    # Hydra said "Could not override 'model'" over several lines, advising +model=... (which it
+    # then took and ignored), and exited 1.
+    r = run("eval.py", "ckpt_path=x.ckpt", "model=small_cnn", tmp_path=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith(
+        "error: model=small_cnn: eval.py takes the network from the checkpoint (ckpt_path)"
+    )
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("+model=small_cnn", "+model=small_cnn: eval.py takes the network from the checkpoint"),
+        ("module.optimizer.lr=0.1", "eval.py takes the module's settings"),
+        ("experiment=speedrun", "experiment=speedrun is a train.py setting; eval.py takes none"),
+        ("callbacks=none", "callbacks=none is a train.py setting"),
+        ("test=false", "test=false is a train.py setting"),
+    ],
+)
+def test_eval_names_what_it_takes_from_the_checkpoint(capsys, override, expected):
+    config.register(CONFIGS)
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["ckpt_path=x.ckpt", override], CONFIGS, "eval")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and expected in err and err.count("\n") == 1
+    assert "its keys: ckpt_path, data, logger, precision, run_dir, seed, trainer" in err
+
+
+def test_eval_keys_pass(capsys):
+    config.register(CONFIGS)
+    cli.check_overrides(["ckpt_path=x.ckpt", "data.batch_size=64", "trainer=cpu"], CONFIGS, "eval")
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.slow

@@ -12,13 +12,13 @@ import onnxruntime
 import pytest
 import torch
 
-from cifar_amp import export
+from cifar_amp import cli, export
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.inputs import read
 from cifar_amp.prediction import data_meta, normaliser
 from cifar_amp.training import train
-from conftest import REPO, SHRINK, SUBSET, compose_cfg
+from conftest import CONFIGS, REPO, SHRINK, SUBSET, compose_cfg
 
 
 def load(path, **overrides):
@@ -193,3 +193,12 @@ def test_export_command(ckpt, real_images, tmp_path):
     assert [line for line in bad.stderr.splitlines() if line.startswith("error:")] == [
         "error: ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/best-epoch009.ckpt"
     ]
+
+
+def test_export_names_what_it_takes_from_the_checkpoint(capsys):
+    compose_cfg("export")  # registers export's schema
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["ckpt_path=x.ckpt", "model=resnet18"], CONFIGS, "export")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "model=resnet18: cifar_amp.export takes the network from the checkpoint" in err

@@ -209,10 +209,13 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None
     overrides are left to Hydra."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return
+    overrides = [a for a in argv if not a.startswith("-")]
     try:
-        jobs = _one_job_per_value([a for a in argv if not a.startswith("-")])
+        jobs = _one_job_per_value(overrides)
     except Exception:  # unparsable: Hydra reports it in its own words
         return
+    if config_name != "train":
+        _check_entry_keys(overrides, config_dir, config_name)
     for job_argv in jobs:
         _check_job(job_argv, config_dir, config_name)
 
@@ -237,6 +240,40 @@ def _one_job_per_value(argv: list[str]) -> list[list[str]]:
     for i, v in enumerate(values):
         jobs += [[*jobs[0][:i], other, *jobs[0][i + 1 :]] for other in v[1:]]
     return jobs
+
+
+def _check_entry_keys(argv: list[str], config_dir: Path, config_name: str) -> None:
+    """An override of train.py's that this entry (eval, predict, export) does not take: one
+    line saying where the entry takes it from (the checkpoint) or that it is train.py's, and
+    the entry's keys. Hydra would stop at a group (`model=...`) with advice to append it
+    (`+model=...`), which it then accepts and ignores."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def keys(name: str) -> set[str]:
+        with initialize_config_dir(str(config_dir), version_base="1.3"):
+            return {str(k) for k in compose(name)} - {"hydra"}
+
+    tops = {
+        arg: o.key_or_group.split(".")[0].split("@")[0]
+        for arg, o in zip(argv, OverridesParser.create().parse_overrides(argv), strict=True)
+    }
+    ours = keys(config_name)
+    if all(top in ours or top == "hydra" for top in tops.values()):
+        return
+    groups = {p.name for p in config_dir.iterdir() if p.is_dir()}
+    theirs = (keys("train") | groups) - ours - {"hydra", "schema"}
+    script = config_dir.parent / f"{config_name}.py"
+    entry = script.name if script.is_file() else f"cifar_amp.{config_name}"
+    valid = ", ".join(sorted(ours))
+    for arg, top in tops.items():
+        if top in config.FROM_CHECKPOINT and top in theirs:
+            fail(
+                f"{arg}: {entry} takes {config.FROM_CHECKPOINT[top]} from the checkpoint "
+                f"(ckpt_path), not from {top}; its keys: {valid}"
+            )
+        if top in theirs:
+            fail(f"{arg} is a train.py setting; {entry} takes none of it (its keys: {valid})")
 
 
 def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
