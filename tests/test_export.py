@@ -4,6 +4,7 @@ weights where the run averaged them), dynamic in the batch, verified before they
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,33 @@ def test_bad_export_requests_are_one_line(ckpt, tmp_path):
         run_export(tmp_path, ckpt, tmp_path, "format=tflite")
     with pytest.raises(UserError, match="verified on real images: give input="):
         run_export(tmp_path, ckpt, tmp_path / "nothing", "format=onnx")
+
+
+def test_export_verifies_on_the_checkpoints_test_images_by_default(
+    ckpt, tiny_data, tmp_path, caplog
+):
+    # The default was data/cifar-10-batches-py/test_batch, whatever the checkpoint's data.
+    cfg = compose_cfg("export", (f"ckpt_path={ckpt}", f"run_dir={tmp_path}", "verify_images=8"))
+    with caplog.at_level(logging.INFO):
+        out = Path(export.export(cfg)["output"])
+    test_batch = (tiny_data / "cifar-10-batches-py" / "test_batch").resolve()
+    assert f"input={test_batch} at batch sizes 8 and 1" in caplog.text
+    meta = onnxruntime.InferenceSession(str(out)).get_modelmeta().custom_metadata_map
+    assert "test_images" not in meta and "class_names" in meta  # no path of this machine
+
+
+def test_export_names_the_checkpoints_test_images_when_they_are_gone(ckpt, tmp_path):
+    data = torch.load(ckpt, weights_only=False)
+    data["hyper_parameters"]["data_meta"]["test_images"] = str(tmp_path / "gone" / "test_batch")
+    moved = tmp_path / "moved.ckpt"
+    torch.save(data, moved)
+    cfg = compose_cfg("export", (f"ckpt_path={moved}", f"run_dir={tmp_path}"))
+    with pytest.raises(UserError) as e:
+        export.export(cfg)
+    assert str(e.value).startswith(
+        f"the checkpoint's test images ({tmp_path / 'gone' / 'test_batch'}): no such file"
+    )
+    assert "give input=<a folder of images" in str(e.value)
 
 
 def test_weight_averaged_runs_export_and_predict_the_averaged_weights(

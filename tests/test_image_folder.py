@@ -47,6 +47,7 @@ def test_split_meta_and_separate_folders(image_folder, tmp_path):
         "mean": [0.485, 0.456, 0.406],
         "std": [0.229, 0.224, 0.225],
         "image_size": [40, 40],
+        "test_images": str(image_folder.resolve()),  # no test_dir: tested on data_dir's
     }
     assert (len(dm.samples["train"]), len(dm.samples["val"])) == (108, 12)
     assert dm.samples["test"] == dm.samples["val"]  # no test_dir: tested on the val images

@@ -185,7 +185,7 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
         self.mean, self.std = tuple(mean), tuple(std)
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers, self.check_images, self.seed = num_workers, check_images, seed
-        self.channels_last = channels_last
+        self.channels_last, self.test_dir = channels_last, test_dir
         self.folder = scan(data_dir, "data.data_dir")
         self.classes: list[str] = self.folder.classes
         self.samples = {"train": self.folder.samples}
@@ -278,12 +278,15 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
 
     @property
     def meta(self) -> dict:
-        """What a checkpoint needs to classify new images: class names and preprocessing."""
+        """What a checkpoint needs to classify new images: class names and preprocessing; and
+        `test_images`, the folder tested on (data_dir where there is no test_dir), on which
+        export verifies by default."""
         return {
             "class_names": list(self.classes),
             "mean": list(self.mean),
             "std": list(self.std),
             "image_size": [self.image_size, self.image_size],
+            "test_images": str(Path(self.test_dir or self.where["train"]).resolve()),
         }
 
     def setup(self, stage: str | None = None) -> None:
