@@ -158,9 +158,9 @@ def test_a_training_override_given_to_eval_gets_one_line_and_exit_2(tmp_path):
     [
         ("+model=small_cnn", "+model=small_cnn: eval.py takes the network from the checkpoint"),
         ("module.optimizer.lr=0.1", "eval.py takes the module's settings"),
-        ("experiment=speedrun", "experiment=speedrun is a train.py setting; eval.py takes none"),
-        ("callbacks=none", "callbacks=none is a train.py setting"),
-        ("test=false", "test=false is a train.py setting"),
+        ("experiment=speedrun", "experiment=speedrun: eval.py takes no experiment (a train.py"),
+        ("callbacks=none", "callbacks=none: eval.py takes no callbacks"),
+        ("test=false", "test=false: eval.py takes no test"),
     ],
 )
 def test_eval_names_what_it_takes_from_the_checkpoint(capsys, override, expected):

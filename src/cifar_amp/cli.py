@@ -273,7 +273,7 @@ def _check_entry_keys(argv: list[str], config_dir: Path, config_name: str) -> No
                 f"(ckpt_path), not from {top}; its keys: {valid}"
             )
         if top in theirs:
-            fail(f"{arg} is a train.py setting; {entry} takes none of it (its keys: {valid})")
+            fail(f"{arg}: {entry} takes no {top} (a train.py setting); its keys: {valid}")
 
 
 def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
