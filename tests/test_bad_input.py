@@ -81,6 +81,14 @@ def test_a_device_asked_where_there_is_none(make_cfg, monkeypatch, accelerator):
         train(make_cfg(f"trainer.accelerator={accelerator}"))
 
 
+@pytest.mark.parametrize("devices", ["2", "'2'"])  # an int, a string
+def test_several_devices_with_a_one_device_strategy_are_refused(make_cfg, devices):
+    # Lightning used one of them and said nothing.
+    cfg = make_cfg(f"trainer.devices={devices}", "trainer.strategy=single_device")
+    with pytest.raises(UserError, match="with trainer.strategy=single_device: that strategy runs"):
+        build.trainer(cfg)
+
+
 def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):
     for name, value in {
         "is_available": True,

@@ -134,8 +134,24 @@ def trainer(
                 "process, so there is nothing to distribute; use trainer=ddp_cpu (2 processes), "
                 "trainer.devices=N, or trainer.strategy=auto"
             )
+    asked = _asked_devices(t.devices)
+    if asked and asked > 1 and made.num_devices == 1:  # Lightning would use one, silently
+        raise UserError(
+            f"trainer.devices={t.devices} with trainer.strategy={t.strategy}: that strategy runs "
+            "on one device; use trainer.strategy=ddp (or auto) for several, or trainer.devices=1"
+        )
     prec.setup(made)
     return made
+
+
+def _asked_devices(devices: Any) -> int | None:
+    """How many devices `trainer.devices` names (2, "2", [0, 1], "0,1"); None for auto, -1."""
+    if OmegaConf.is_list(devices) or isinstance(devices, (list, tuple)):
+        return len(devices)
+    text = str(devices).strip()
+    if "," in text:
+        return len([d for d in text.split(",") if d.strip()])
+    return int(text) if text.isdigit() else None
 
 
 def _visible(accelerator: str) -> bool:
