@@ -172,6 +172,19 @@ def test_eval_names_what_it_takes_from_the_checkpoint(capsys, override, expected
     assert "its keys: ckpt_path, data, logger, precision, run_dir, seed, trainer" in err
 
 
+def test_a_recipe_that_sets_keys_another_model_lacks_is_named(capsys):
+    # Hydra's several lines ("In 'experiment/cpu_quick': ConfigKeyError ..."), exit 1.
+    config.register(CONFIGS)
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["model=small_cnn", "experiment=cpu_quick"], CONFIGS, "train")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(
+        "error: experiment=cpu_quick sets model.widths, which model=small_cnn does not take; "
+        "its keys: _target_, activation_checkpointing, checkpoint_stages, hidden"
+    )
+
+
 def test_eval_keys_pass(capsys):
     config.register(CONFIGS)
     cli.check_overrides(["ckpt_path=x.ckpt", "data.batch_size=64", "trainer=cpu"], CONFIGS, "eval")

@@ -14,6 +14,7 @@ import functools
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -293,17 +294,27 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
         valid = e.options or sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
         fail(f"{group}={choice} is not an option; valid: {', '.join(valid)}")
     except ConfigCompositionException as e:
-        cause = e.__cause__
+        # Raised inside a config file (a recipe's), the error is the context, not the cause.
+        cause, source = e.__cause__ or e.__context__, re.match(r"In '([^']+)/([^'/]+)'", str(e))
     except Exception:  # anything else (syntax, ...): Hydra reports it in its own words
         return
     key = getattr(cause, "full_key", None)
     if not key:
         return
     bad = next((a for a in argv if a.lstrip("+~").startswith(key)), "")
+    parent, _, name = key.rpartition(".")
+    if not bad and source and isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        option = f"{source[1]}={source[2]}"  # e.g. experiment=cpu_quick, setting model.widths
+        chosen = next((a for a in argv if a.lstrip("+~").split("=")[0] == parent), parent)
+        try:
+            node = composed([a for a in argv if a != option])
+            valid = sorted(str(k) for k in OmegaConf.select(node, parent))
+        except Exception:
+            valid = []
+        fail(f"{option} sets {key}, which {chosen} does not take; its keys: {', '.join(valid)}")
     if isinstance(cause, ValidationError):
         fail(f"{bad or key}: {str(cause.msg).splitlines()[0]}")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
-        parent, _, name = key.rpartition(".")
         try:
             node = composed([a for a in argv if a != bad])
             valid = sorted(str(k) for k in (OmegaConf.select(node, parent) if parent else node))
