@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import lightning.pytorch.accelerators
 import pytest
 import torch
 
@@ -64,11 +65,28 @@ def test_bad_config_fails_at_composition(override, message):
     assert message in str(e.value)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_gpu_asked_where_there_is_none(make_cfg):
-    # Lightning refuses it itself; the builder reports it by key, on one line.
-    with pytest.raises(UserError, match="cannot build trainer: .*No supported gpu backend found"):
-        train(make_cfg("trainer.accelerator=gpu"))
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda", "mps", "tpu"])
+def test_a_device_asked_where_there_is_none(make_cfg, monkeypatch, accelerator):
+    for name in ("CUDAAccelerator", "MPSAccelerator", "XLAAccelerator"):
+        monkeypatch.setattr(
+            getattr(lightning.pytorch.accelerators, name),
+            "is_available",
+            staticmethod(lambda: False),
+        )
+    with pytest.raises(
+        UserError,
+        match=f"this run needs a {accelerator} device \\(trainer.accelerator={accelerator}\\) "
+        "and none is visible here; .* add trainer=cpu",
+    ):
+        train(make_cfg(f"trainer.accelerator={accelerator}"))
+
+
+@pytest.mark.parametrize("devices", ["2", "'2'"])  # an int, a string
+def test_several_devices_with_a_one_device_strategy_are_refused(make_cfg, devices):
+    # Lightning used one of them and said nothing.
+    cfg = make_cfg(f"trainer.devices={devices}", "trainer.strategy=single_device")
+    with pytest.raises(UserError, match="with trainer.strategy=single_device: that strategy runs"):
+        build.trainer(cfg)
 
 
 def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):

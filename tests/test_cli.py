@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, SHRINK
+from cifar_amp import cli, config
+from conftest import CONFIGS, REPO, SHRINK
 
 
 def run(*args, tmp_path, env=None, timeout=600):
@@ -119,6 +120,73 @@ def test_a_sweep_gets_the_same_one_line_message_as_a_single_run(tmp_path, sweep,
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0 and expected in r.stderr
     assert not (tmp_path / "sweep").exists()  # refused before any job started
+
+
+def test_a_gpu_recipe_without_a_gpu_names_itself_and_the_cpu_way(tmp_path):
+    # It ended in Lightning's "No supported gpu backend found!" / CUDA's "Found no NVIDIA driver".
+    # (Other devices and options: test_bad_input.py::test_a_device_asked_where_there_is_none.)
+    r = run(
+        "train.py",
+        "experiment=speedrun_gpu",
+        f"hydra.run.dir={tmp_path}/run",
+        tmp_path=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": ""},  # no GPU, on any machine
+    )
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr[-2000:]
+    assert r.stderr.startswith(
+        "error: experiment=speedrun_gpu needs a gpu device (trainer.accelerator=gpu) and none is "
+        "visible here"
+    )
+    assert "add trainer=cpu" in r.stderr
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_training_override_given_to_eval_gets_one_line_and_exit_2(tmp_path):
+    # Hydra said "Could not override 'model'" over several lines, advising +model=... (which it
+    # then took and ignored), and exited 1.
+    r = run("eval.py", "ckpt_path=x.ckpt", "model=small_cnn", tmp_path=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith(
+        "error: model=small_cnn: eval.py takes the network from the checkpoint (ckpt_path)"
+    )
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("+model=small_cnn", "+model=small_cnn: eval.py takes the network from the checkpoint"),
+        ("module.optimizer.lr=0.1", "eval.py takes the module's settings"),
+        ("experiment=speedrun", "experiment=speedrun: eval.py takes no experiment (a train.py"),
+        ("callbacks=none", "callbacks=none: eval.py takes no callbacks"),
+        ("test=false", "test=false: eval.py takes no test"),
+    ],
+)
+def test_eval_names_what_it_takes_from_the_checkpoint(capsys, override, expected):
+    config.register(CONFIGS)
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["ckpt_path=x.ckpt", override], CONFIGS, "eval")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and expected in err and err.count("\n") == 1
+    assert "its keys: ckpt_path, data, logger, precision, run_dir, seed, trainer" in err
+
+
+def test_a_recipe_that_sets_keys_another_model_lacks_is_named(capsys):
+    # Hydra's several lines ("In 'experiment/cpu_quick': ConfigKeyError ..."), exit 1.
+    config.register(CONFIGS)
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["model=small_cnn", "experiment=cpu_quick"], CONFIGS, "train")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(
+        "error: experiment=cpu_quick sets model.widths, which model=small_cnn does not take; "
+        "its keys: _target_, activation_checkpointing, checkpoint_stages, hidden"
+    )
+
+
+def test_eval_keys_pass(capsys):
+    config.register(CONFIGS)
+    cli.check_overrides(["ckpt_path=x.ckpt", "data.batch_size=64", "trainer=cpu"], CONFIGS, "eval")
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.slow

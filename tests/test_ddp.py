@@ -1,19 +1,29 @@
-"""Two CPU processes (DDP over gloo): per-rank sharding, metric reduction across ranks, and a
-Hydra multirun whose jobs each run on two ranks."""
+"""Two CPU processes (DDP over gloo): per-rank sharding, metric reduction across ranks, every
+strategy Lightning offers for them, and Hydra multiruns whose jobs each run on two ranks (one
+of which fails alone)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 
 import pytest
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.strategies.launchers import subprocess_script
 from omegaconf import OmegaConf
 
-from cifar_amp import build, metrics
+from cifar_amp import build, cli, metrics
+from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
+from cifar_amp.training import train
 from conftest import CPU_DDP, REPO, SHRINK
 
 TWO_RANKS = ("trainer.accelerator=cpu", "trainer.devices=2", f"trainer.strategy={CPU_DDP}")
@@ -135,3 +145,171 @@ def test_auto_on_two_ranks_trains_both_in_rank_zeros_choice(make_cfg, tmp_path, 
     trainer = build.trainer(cfg, callbacks=[RecordPrecision(tmp_path)], loggers=[])
     trainer.fit(module, datamodule=build.datamodule(cfg))
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["bf16-mixed"] * 2
+
+
+PER_STAGE = sorted(n for n in StrategyRegistry if build.per_stage_ranks(n))
+
+
+def test_strategies_whose_ranks_are_started_per_stage_are_known():
+    assert {
+        "ddp_spawn",
+        "ddp_fork",
+        "ddp_notebook",
+        "ddp_spawn_find_unused_parameters_true",
+    } <= set(PER_STAGE)
+    assert build.per_stage_ranks("ddp") is None and build.per_stage_ranks("auto") is None
+    node = OmegaConf.create(
+        {"_target_": "lightning.pytorch.strategies.DDPStrategy", "start_method": "spawn"}
+    )
+    assert build.per_stage_ranks(node) == "spawn"
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork_find_unused_parameters_true"])
+def test_train_from_python_refuses_ranks_started_per_stage(make_cfg, tmp_path, strategy):
+    # From a command they are started once (test_ddp_spawn_..._like_ddp); from Python they
+    # cannot be, and the run would lose its CSV log and epoch count.
+    cfg = make_cfg("trainer.devices=2", f"trainer.strategy={strategy}", f"run_dir={tmp_path}/run")
+    with pytest.raises(UserError, match=f"trainer.strategy={strategy}: ranks started by"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_sweep_ranks_keep_lightnings_ranks_and_end_them(monkeypatch):
+    # Lightning's ddp launcher hands the ranks it starts to the module-level name SweepRanks
+    # replaces (a private name: this fails if Lightning stops calling it).
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    # Set, so that launch() leaves this process's threads and environment alone: it would set
+    # OMP_NUM_THREADS here for good, and a later test's forked ranks would then start OpenMP
+    # teams that libgomp cannot run after a fork (they hang).
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    launcher = subprocess_script._SubprocessScriptLauncher(LightningEnvironment(), 1, 1)
+    ok = subprocess.Popen([sys.executable, "-c", "pass"])
+    monkeypatch.setattr(launcher, "_call_children_scripts", lambda: launcher.procs.append(ok))
+    with cli.SweepRanks() as ranks:
+        assert launcher.launch(lambda: 42) == 42
+    assert ranks.procs == [ok] and ok.returncode == 0 and ranks.failed == ""
+    assert subprocess_script._launch_process_observer.__name__ == "_launch_process_observer"
+
+
+def test_sweep_ranks_name_a_failed_rank_and_kill_one_that_does_not_end(monkeypatch):
+    monkeypatch.setattr(cli, "RANK_GRACE_S", 1.0)
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with cli.SweepRanks() as ranks:
+        ranks.procs += [failing, stuck]
+    assert ranks.failed == "rank 1 of this job exited with code 3"
+    assert stuck.returncode == -signal.SIGKILL
+
+
+def _session(sid: int) -> list[str]:
+    """The processes of session `sid` still running: pid and command line."""
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and fields[0] != "Z":
+                with open(f"/proc/{d}/cmdline") as f:
+                    found.append(f"{d}: {f.read().replace(chr(0), ' ')[:200]}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def run_in_session(tmp_path, cmd: list[str], env: dict) -> tuple[subprocess.CompletedProcess, list]:
+    """Run `cmd` in a session of its own, so that a process whose parent died is still found;
+    the result and the processes of the session left running (killed, so a test leaks none)."""
+    # Output to files, not pipes: a rank left running would hold a pipe open.
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, start_new_session=True
+        )
+        try:
+            proc.wait(timeout=500)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    left = _session(proc.pid)
+    for _ in range(20):  # a rank of the last job may be exiting just now
+        if not left:
+            break
+        time.sleep(0.5)
+        left = _session(proc.pid)
+    for line in left:
+        os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    out, err = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), left
+
+
+# Raises a UserError on the ranks named by `fail_on` when training starts; a rank that does not
+# fail then finds its peer gone at DDP's first gradient all-reduce.
+FAILING_CALLBACK = """
+from lightning.pytorch import Callback
+from cifar_amp.errors import UserError
+
+class FailOn(Callback):
+    def __init__(self, fail_on: str = "none"):
+        self.fail_on = fail_on
+
+    def on_train_start(self, trainer, pl_module):
+        rank = trainer.global_rank
+        if self.fail_on in ("all", f"rank{rank}"):
+            raise UserError(f"fail_on={self.fail_on}: rank {rank} refuses")
+"""
+
+
+@pytest.mark.slow
+def test_a_ddp_job_that_fails_on_any_rank_fails_alone_and_leaves_no_process(tmp_path, tiny_data):
+    # Lightning's watcher of the ranks SIGKILLed the sweep when a rank exited non-zero, and
+    # left a rank of the next job running with no parent.
+    (tmp_path / "failing_cb.py").write_text(textwrap.dedent(FAILING_CALLBACK))
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "-m",
+        *SHRINK,
+        "trainer=ddp_cpu",
+        "logger=csv",
+        f"data.data_dir={tiny_data}",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        "+callbacks.fail._target_=failing_cb.FailOn",
+        "+callbacks.fail.fail_on=rank1,all,rank0,none",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(tmp_path)])}
+    r, left = run_in_session(tmp_path, cmd, env)
+    assert left == []
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "error: 3 job(s) of the sweep" in r.stderr
+    assert "job 0 (+callbacks.fail.fail_on=rank1): fail_on=rank1: rank 1 refuses" in r.stderr
+    assert "job 1 (+callbacks.fail.fail_on=all): fail_on=all: rank " in r.stderr
+    assert "job 2 (+callbacks.fail.fail_on=rank0): fail_on=rank0: rank 0 refuses" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert json.loads((tmp_path / "sweep" / "3" / "metrics.json").read_text())["epochs"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_ddp_and_ddp_spawn_on_two_cpu_processes_train_test_and_report(
+    tmp_path, tiny_data, strategy
+):
+    # ddp_spawn's ranks are started once by the command, as ddp's: a second start for the test
+    # stage crashed in the CSV logger, and metrics.json said 0 epochs.
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *SHRINK,
+        "trainer.max_epochs=2",
+        "trainer.devices=2",
+        f"trainer.strategy={strategy}",
+        "logger=csv",
+        f"data.data_dir={tiny_data}",
+        f"run_dir={run_dir}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    r, left = run_in_session(tmp_path, cmd, env)
+    assert r.returncode == 0 and left == [], r.stderr[-3000:]
+    result = json.loads((run_dir / "metrics.json").read_text())
+    assert result["epochs"] == 2 and metrics.TEST_ACC in result and metrics.VAL_ACC in result
+    header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {metrics.VAL_ACC, metrics.TRAIN_LOSS, metrics.TEST_ACC} <= set(header)

@@ -4,6 +4,7 @@ weights where the run averaged them), dynamic in the batch, verified before they
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +13,13 @@ import onnxruntime
 import pytest
 import torch
 
-from cifar_amp import export
+from cifar_amp import cli, export
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.inputs import read
 from cifar_amp.prediction import data_meta, normaliser
 from cifar_amp.training import train
-from conftest import REPO, SHRINK, SUBSET, compose_cfg
+from conftest import CONFIGS, REPO, SHRINK, SUBSET, compose_cfg
 
 
 def load(path, **overrides):
@@ -121,6 +122,33 @@ def test_bad_export_requests_are_one_line(ckpt, tmp_path):
         run_export(tmp_path, ckpt, tmp_path / "nothing", "format=onnx")
 
 
+def test_export_verifies_on_the_checkpoints_test_images_by_default(
+    ckpt, tiny_data, tmp_path, caplog
+):
+    # The default was data/cifar-10-batches-py/test_batch, whatever the checkpoint's data.
+    cfg = compose_cfg("export", (f"ckpt_path={ckpt}", f"run_dir={tmp_path}", "verify_images=8"))
+    with caplog.at_level(logging.INFO):
+        out = Path(export.export(cfg)["output"])
+    test_batch = (tiny_data / "cifar-10-batches-py" / "test_batch").resolve()
+    assert f"input={test_batch} at batch sizes 8 and 1" in caplog.text
+    meta = onnxruntime.InferenceSession(str(out)).get_modelmeta().custom_metadata_map
+    assert "test_images" not in meta and "class_names" in meta  # no path of this machine
+
+
+def test_export_names_the_checkpoints_test_images_when_they_are_gone(ckpt, tmp_path):
+    data = torch.load(ckpt, weights_only=False)
+    data["hyper_parameters"]["data_meta"]["test_images"] = str(tmp_path / "gone" / "test_batch")
+    moved = tmp_path / "moved.ckpt"
+    torch.save(data, moved)
+    cfg = compose_cfg("export", (f"ckpt_path={moved}", f"run_dir={tmp_path}"))
+    with pytest.raises(UserError) as e:
+        export.export(cfg)
+    assert str(e.value).startswith(
+        f"the checkpoint's test images ({tmp_path / 'gone' / 'test_batch'}): no such file"
+    )
+    assert "give input=<a folder of images" in str(e.value)
+
+
 def test_weight_averaged_runs_export_and_predict_the_averaged_weights(
     tiny_data, real_images, tmp_path
 ):
@@ -210,3 +238,12 @@ def test_export_reads_its_checkpoint_as_data_once(real_images, tmp_path, evil_ck
         "format=torch_export",
     )
     assert len(loads) == 1
+
+
+def test_export_names_what_it_takes_from_the_checkpoint(capsys):
+    compose_cfg("export")  # registers export's schema
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["ckpt_path=x.ckpt", "model=resnet18"], CONFIGS, "export")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "model=resnet18: cifar_amp.export takes the network from the checkpoint" in err

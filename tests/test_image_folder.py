@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from cifar_amp import build, metrics
 from cifar_amp.data import SPECS
@@ -86,6 +88,7 @@ def test_split_meta_and_separate_folders(image_folder, tmp_path):
         "mean": [0.485, 0.456, 0.406],
         "std": [0.229, 0.224, 0.225],
         "image_size": [40, 40],
+        "test_images": str(image_folder.resolve()),  # no test_dir: tested on data_dir's
     }
     assert (len(dm.samples["train"]), len(dm.samples["val"])) == (108, 12)
     assert dm.samples["test"] == dm.samples["val"]  # no test_dir: tested on the val images
@@ -97,6 +100,32 @@ def test_split_meta_and_separate_folders(image_folder, tmp_path):
     shutil.rmtree(val / "bird")
     with pytest.raises(UserError, match=r"val_dir=.* lacks \['bird'\]"):
         ImageFolderDataModule(str(image_folder), val_dir=str(val))
+
+
+def test_image_size_follows_small_images_and_upsampling_is_named(image_folder, caplog):
+    # The default was 224 whatever the images: 32x32 ones trained 13x slower, and less well.
+    with caplog.at_level(logging.INFO):
+        own = ImageFolderDataModule(str(image_folder))
+    assert own.image_size == 32 and own.meta["image_size"] == [32, 32]
+    assert "image_size=32, from the images (the 64 sampled are all 32x32)" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        asked = ImageFolderDataModule(str(image_folder), image_size=224)
+    assert asked.image_size == 224
+    assert "image_size=224 upsamples the images 7.0x per side (49x the pixels)" in caplog.text
+    assert "data.image_size=32 trains at their size" in caplog.text
+
+
+def test_images_of_several_sizes_get_224_and_a_note_when_it_upsamples(tmp_path, caplog):
+    for i, (cls, side) in enumerate([("a", 48), ("a", 64), ("b", 40), ("b", 48)]):
+        (tmp_path / cls).mkdir(exist_ok=True)
+        Image.new("RGB", (side + 8, side)).save(tmp_path / cls / f"{i}.png")
+    with caplog.at_level(logging.INFO):
+        dm = ImageFolderDataModule(str(tmp_path), val_split=0.25)
+    assert dm.image_size == 224
+    assert "image_size=224 upsamples the images 4.7x per side" in caplog.text
+    assert "median shorter side is 48 px (4 sampled)" in caplog.text
 
 
 def test_batches_do_not_depend_on_the_number_of_workers(image_folder):

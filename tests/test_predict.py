@@ -15,14 +15,14 @@ import pytest
 import torch
 from PIL import Image
 
-from cifar_amp import prediction
+from cifar_amp import cli, prediction
 from cifar_amp.data import SPECS, CIFARDataModule, DeviceBatches
 from cifar_amp.data.images import eval_resize
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
 from cifar_folder import write_cifar_folder
-from conftest import REPO, SHRINK, SUBSET, compose_cfg
+from conftest import CONFIGS, REPO, SHRINK, SUBSET, compose_cfg
 
 LEGACY_CKPT = REPO / "tests" / "assets" / "legacy-last.ckpt"
 PREDICT = ("trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false")
@@ -291,3 +291,19 @@ def test_predict_reads_its_checkpoint_as_data_once(test_batch, tmp_path, evil_ck
         tmp_path / "ok", REPO / "tests" / "assets" / "release-cd84677-last.ckpt", test_batch
     )
     assert len(loads) == 1
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("model=small_cnn", "model=small_cnn: predict.py takes the network from the checkpoint"),
+        ("data.data_dir=x", "predict.py takes the data's class names, normalisation and image"),
+    ],
+)
+def test_predict_names_what_it_takes_from_the_checkpoint(capsys, override, expected):
+    compose_cfg("predict")  # registers predict's schema
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["ckpt_path=x.ckpt", "input=x", override], CONFIGS, "predict")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and expected in err and err.count("\n") == 1
+    assert "its keys: batch_size, ckpt_path, input, precision" in err

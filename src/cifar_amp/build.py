@@ -14,9 +14,11 @@ import os
 from typing import Any
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
+from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
@@ -94,6 +96,21 @@ def trainer(
             f"precision={prec.name}: the fused optimizer unscales the gradients inside its step, "
             "so they cannot be clipped before it; drop one of the two (32-true clips with it)"
         )
+    if isinstance(t.accelerator, str) and not _visible(t.accelerator):
+        raise UserError(
+            f"{_chosen_by() or 'this run'} needs a {t.accelerator} device (trainer.accelerator="
+            f"{t.accelerator}) and none is visible here; to run it on this machine's CPU add "
+            "trainer=cpu (or trainer=ddp_cpu: 2 processes)"
+        )
+    if per_stage_ranks(t.strategy) and HydraConfig.initialized():
+        overrides.setdefault("strategy", _ranks_once(t.strategy))
+        log.info(
+            "trainer.strategy=%s: the ranks are started once for all stages, by re-running this "
+            "command (start_method=popen, as for ddp); ranks started by %s would be new processes "
+            "for each of fit and test, handing back only the weights and the last metrics",
+            t.strategy if isinstance(t.strategy, str) else t.strategy._target_,
+            per_stage_ranks(t.strategy),
+        )
     made = build(
         t,
         "trainer",
@@ -117,6 +134,12 @@ def trainer(
                 "process, so there is nothing to distribute; use trainer=ddp_cpu (2 processes), "
                 "trainer.devices=N, or trainer.strategy=auto"
             )
+    asked = _asked_devices(t.devices)
+    if asked and asked > 1 and made.num_devices == 1:  # Lightning would use one, silently
+        raise UserError(
+            f"trainer.devices={t.devices} with trainer.strategy={t.strategy}: that strategy runs "
+            "on one device; use trainer.strategy=ddp (or auto) for several, or trainer.devices=1"
+        )
     prec.setup(made)
     skip_unused_hooks(made.callbacks, L.Callback)
     return made
@@ -151,6 +174,62 @@ def skip_unused_hooks(objects, base: type, hooks: tuple[str, ...] = PER_BATCH_HO
         for hook in hooks:
             if getattr(type(obj), hook, None) is getattr(base, hook):
                 setattr(obj, hook, None)
+
+
+def _asked_devices(devices: Any) -> int | None:
+    """How many devices `trainer.devices` names (2, "2", [0, 1], "0,1"); None for auto, -1."""
+    if OmegaConf.is_list(devices) or isinstance(devices, (list, tuple)):
+        return len(devices)
+    text = str(devices).strip()
+    if "," in text:
+        return len([d for d in text.split(",") if d.strip()])
+    return int(text) if text.isdigit() else None
+
+
+def _visible(accelerator: str) -> bool:
+    """Whether Lightning finds a device for `trainer.accelerator` here (`gpu`: CUDA or MPS;
+    a name Lightning does not know is left to it)."""
+    names = ("cuda", "mps") if accelerator == "gpu" else (accelerator,)
+    known = [AcceleratorRegistry[n]["accelerator"] for n in names if n in AcceleratorRegistry]
+    return not known or any(a.is_available() for a in known)
+
+
+def _chosen_by() -> str:
+    """The option that set the device, so that a user who did not know it can tell: the recipe
+    (`experiment=speedrun_gpu`), else the trainer option; empty outside a command."""
+    if not HydraConfig.initialized():
+        return ""
+    choices = HydraConfig.get().runtime.choices
+    picked = [(g, choices.get(g)) for g in ("experiment", "trainer")]
+    return next((f"{g}={c}" for g, c in picked if c not in (None, "default")), "")
+
+
+# Lightning's start methods that make the ranks worker processes of this one, started anew for
+# each of trainer.fit and trainer.test (ddp_spawn, ddp_fork, ddp_notebook and their
+# *_find_unused_parameters_* forms). Such a stage hands back to this process only the weights,
+# the best checkpoint's path and the last metrics: what a run keeps from fit to test and
+# reports after them (the CSV log's columns, the epoch count) would be lost or wrong.
+WORKER_START_METHODS = ("spawn", "fork", "forkserver")
+
+
+def per_stage_ranks(strategy: Any) -> str | None:
+    """The start method of `trainer.strategy` if it is one of WORKER_START_METHODS, else None:
+    a registered name (`ddp_spawn`) or a `_target_` node with `start_method`."""
+    if isinstance(strategy, str):
+        entry = StrategyRegistry[strategy] if strategy in StrategyRegistry else {}
+        start = entry.get("init_params", {}).get("start_method")
+    else:
+        start = strategy.get("start_method") if OmegaConf.is_dict(strategy) else None
+    return start if start in WORKER_START_METHODS else None
+
+
+def _ranks_once(strategy: Any) -> Strategy:
+    """The same strategy with its ranks started once by re-running the command (popen), as
+    `ddp` starts them; a Hydra command can, since a rank re-runs exactly this job (cli.job)."""
+    if isinstance(strategy, str):
+        entry = StrategyRegistry[strategy]
+        return entry["strategy"](**{**entry["init_params"], "start_method": "popen"})
+    return build(strategy, "trainer.strategy", start_method="popen")
 
 
 def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataModule:

@@ -8,12 +8,16 @@ goes to `<job dir>/error.txt`) and the sweep ends with a summary naming the fail
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import logging
 import math
 import os
+import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +26,11 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+
+# Private name of Lightning's (SweepRanks replaces it during a sweep job; tests/test_ddp.py checks
+# that Lightning still calls it): lightning.pytorch.strategies.launchers.subprocess_script.
+# _launch_process_observer, the thread that watches the ranks `ddp` starts.
+from lightning.pytorch.strategies.launchers import subprocess_script as _launcher
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from cifar_amp import config
@@ -49,7 +58,7 @@ def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
     still holds `-m` and the sweep, so each child would run the whole sweep again; and the next
     job would find this one's process group and the LOCAL_RANK Lightning exported (which says
     that someone else starts the ranks). So children re-run exactly this job, and the process
-    group and the environment end with it."""
+    group, the ranks and the environment end with it (SweepRanks)."""
 
     @functools.wraps(task)
     def run(cfg: DictConfig):
@@ -59,28 +68,118 @@ def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
         hc = HydraConfig.get() if HydraConfig.initialized() else None
-        if hc is None or hc.mode != RunMode.MULTIRUN:
-            with reported():
-                return task(cfg)
-        env = dict(os.environ)
-        sys.argv = [sys.argv[0], *hc.overrides.task, "hydra.mode=RUN"]  # RUN beats a `-m` config
-        with read_write(hc.run):
-            hc.run.dir = hc.runtime.output_dir
-        try:
+        if hc is not None and hc.mode == RunMode.MULTIRUN:
+            return _sweep_job(task, cfg, hc)
+        if hc is not None and os.environ.get(SWEEP_JOB) == hc.runtime.output_dir:
+            return _sweep_job_rank(task, cfg, Path(hc.runtime.output_dir))
+        with reported():
             return task(cfg)
-        except REPORTED as e:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            log.error("%s", one_line(e))
-            Path(hc.runtime.output_dir, ERROR_FILE).write_text(one_line(e) + "\n")
-            return math.nan
-        finally:
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
-            os.environ.clear()
-            os.environ.update(env)
 
     return run
+
+
+SWEEP_JOB = "CIFAR_AMP_SWEEP_JOB"  # set for the ranks > 0 of a sweep job: the job's dir
+RANK_GRACE_S = 60  # how long a sweep job's ranks > 0 get to end after rank 0 has
+
+
+def _sweep_job(task: Callable[[DictConfig], Any], cfg: DictConfig, hc) -> Any:
+    """A job of a sweep: its failure is its own (`error.txt`, NaN), whichever rank failed."""
+    job_dir = Path(hc.runtime.output_dir)
+    env, argv = dict(os.environ), sys.argv
+    sys.argv = [sys.argv[0], *hc.overrides.task, "hydra.mode=RUN"]  # RUN beats a `-m` config
+    with read_write(hc.run):
+        hc.run.dir = str(job_dir)
+    os.environ[SWEEP_JOB] = str(job_dir)
+    try:
+        return _failing_alone(task, cfg, job_dir)
+    finally:
+        sys.argv = argv
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def _failing_alone(task: Callable[[DictConfig], Any], cfg: DictConfig, job_dir: Path) -> Any:
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    value = math.nan
+    try:
+        with SweepRanks() as ranks:
+            try:
+                value = task(cfg)
+            except REPORTED as e:
+                if full:
+                    raise
+                # Recorded before the ranks end: a rank > 0 then fails for want of this one,
+                # and finds the job's error here.
+                _record(job_dir, one_line(e))
+        if ranks.failed:
+            _record(job_dir, ranks.failed)
+    except Exception:
+        if full or not (job_dir / ERROR_FILE).is_file():  # not a refusal: a bug, shown whole
+            raise
+    if not (job_dir / ERROR_FILE).is_file():
+        return value
+    log.error("%s", (job_dir / ERROR_FILE).read_text().strip())
+    return math.nan
+
+
+def _sweep_job_rank(task: Callable[[DictConfig], Any], cfg: DictConfig, job_dir: Path) -> Any:
+    """A rank > 0 of a sweep's job (Lightning started it; the job's rank 0 is the sweep). Its
+    refusal is recorded as the job's unless another rank's came first; it exits without a line
+    on stderr: the sweep's summary names the job."""
+    try:
+        return task(cfg)
+    except REPORTED as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        _record(job_dir, one_line(e))
+        log.error("%s", one_line(e))
+        sys.exit(EXIT_CODE)
+    except Exception as e:
+        if not (job_dir / ERROR_FILE).is_file():
+            raise
+        # A peer failed (recorded) and left: what this rank then meets is a consequence.
+        log.error("this rank stops, the job has failed: %s: %s", type(e).__name__, one_line(e))
+        sys.exit(EXIT_CODE)
+
+
+def _record(job_dir: Path, msg: str) -> None:
+    """`<job dir>/error.txt`, unless a rank of the job has written it: the first error wins."""
+    with contextlib.suppress(FileExistsError), open(job_dir / ERROR_FILE, "x") as f:
+        f.write(msg + "\n")
+
+
+class SweepRanks:
+    """Around a sweep job: the ranks > 0 Lightning starts for it are this job's, ended with it.
+
+    Lightning's launcher for `ddp` starts them with Popen and a thread that, when one exits
+    non-zero, SIGKILLs them all and this process, which in a sweep is the sweep; the thread
+    also outlives the job. So in a sweep job the ranks are kept here instead: when the job
+    ends, its process group is destroyed (a rank still waiting on rank 0 fails then), the
+    ranks get RANK_GRACE_S to end, and those still running are killed. `failed` names a rank
+    that exited non-zero."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.failed = ""
+
+    def __enter__(self) -> SweepRanks:
+        self._observe = _launcher._launch_process_observer
+        _launcher._launch_process_observer = self.procs.extend
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _launcher._launch_process_observer = self._observe
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        deadline = time.monotonic() + RANK_GRACE_S
+        for rank, proc in enumerate(self.procs, start=1):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.returncode and not self.failed:
+                self.failed = f"rank {rank} of this job exited with code {proc.returncode}"
 
 
 class SweepSummary(Callback):
@@ -111,10 +210,13 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None
     overrides are left to Hydra."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return
+    overrides = [a for a in argv if not a.startswith("-")]
     try:
-        jobs = _one_job_per_value([a for a in argv if not a.startswith("-")])
+        jobs = _one_job_per_value(overrides)
     except Exception:  # unparsable: Hydra reports it in its own words
         return
+    if config_name != "train":
+        _check_entry_keys(overrides, config_dir, config_name)
     for job_argv in jobs:
         _check_job(job_argv, config_dir, config_name)
 
@@ -141,6 +243,40 @@ def _one_job_per_value(argv: list[str]) -> list[list[str]]:
     return jobs
 
 
+def _check_entry_keys(argv: list[str], config_dir: Path, config_name: str) -> None:
+    """An override of train.py's that this entry (eval, predict, export) does not take: one
+    line saying where the entry takes it from (the checkpoint) or that it is train.py's, and
+    the entry's keys. Hydra would stop at a group (`model=...`) with advice to append it
+    (`+model=...`), which it then accepts and ignores."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def keys(name: str) -> set[str]:
+        with initialize_config_dir(str(config_dir), version_base="1.3"):
+            return {str(k) for k in compose(name)} - {"hydra"}
+
+    tops = {
+        arg: o.key_or_group.split(".")[0].split("@")[0]
+        for arg, o in zip(argv, OverridesParser.create().parse_overrides(argv), strict=True)
+    }
+    ours = keys(config_name)
+    if all(top in ours or top == "hydra" for top in tops.values()):
+        return
+    groups = {p.name for p in config_dir.iterdir() if p.is_dir()}
+    theirs = (keys("train") | groups) - ours - {"hydra", "schema"}
+    script = config_dir.parent / f"{config_name}.py"
+    entry = script.name if script.is_file() else f"cifar_amp.{config_name}"
+    valid = ", ".join(sorted(ours))
+    for arg, top in tops.items():
+        if top in config.FROM_CHECKPOINT and top in theirs:
+            fail(
+                f"{arg}: {entry} takes {config.FROM_CHECKPOINT[top]} from the checkpoint "
+                f"(ckpt_path), not from {top}; its keys: {valid}"
+            )
+        if top in theirs:
+            fail(f"{arg}: {entry} takes no {top} (a train.py setting); its keys: {valid}")
+
+
 def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException, MissingConfigException
@@ -160,17 +296,27 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
         valid = e.options or sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
         fail(f"{group}={choice} is not an option; valid: {', '.join(valid)}")
     except ConfigCompositionException as e:
-        cause = e.__cause__
+        # Raised inside a config file (a recipe's), the error is the context, not the cause.
+        cause, source = e.__cause__ or e.__context__, re.match(r"In '([^']+)/([^'/]+)'", str(e))
     except Exception:  # anything else (syntax, ...): Hydra reports it in its own words
         return
     key = getattr(cause, "full_key", None)
     if not key:
         return
     bad = next((a for a in argv if a.lstrip("+~").startswith(key)), "")
+    parent, _, name = key.rpartition(".")
+    if not bad and source and isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        option = f"{source[1]}={source[2]}"  # e.g. experiment=cpu_quick, setting model.widths
+        chosen = next((a for a in argv if a.lstrip("+~").split("=")[0] == parent), parent)
+        try:
+            node = composed([a for a in argv if a != option])
+            valid = sorted(str(k) for k in OmegaConf.select(node, parent))
+        except Exception:
+            valid = []
+        fail(f"{option} sets {key}, which {chosen} does not take; its keys: {', '.join(valid)}")
     if isinstance(cause, ValidationError):
         fail(f"{bad or key}: {str(cause.msg).splitlines()[0]}")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
-        parent, _, name = key.rpartition(".")
         try:
             node = composed([a for a in argv if a != bad])
             valid = sorted(str(k) for k in (OmegaConf.select(node, parent) if parent else node))

@@ -135,6 +135,15 @@ class EvalConfig:
     trust_checkpoint: bool = False  # as in train.yaml
 
 
+# What a checkpoint carries, which the entries that start from one (eval, predict, export) take
+# from it rather than from their config: by train.yaml's key.
+FROM_CHECKPOINT = {
+    "model": "the network",
+    "module": "the module's settings (num_classes, tta; its optimizer was training's)",
+    "data": "the data's class names, normalisation and image size",
+}
+
+
 def sqlite_url(path: str) -> str:
     """``${sqlite:<file>}`` -> a SQLAlchemy URL, creating the file's folder (SQLite does not)."""
     db = Path(path).expanduser().resolve()

@@ -49,7 +49,8 @@ class ExportConfig:
     format: str = "onnx"  # onnx | torch_export
     output: Optional[str] = None  # null: <run_dir>/model.onnx or model.pt2
     # Real images to verify the exported model on: a folder, an image file, a CIFAR batch file.
-    input: str = "data/cifar-10-batches-py/test_batch"
+    # null: the test images the checkpoint was trained with (its data_meta's `test_images`).
+    input: Optional[str] = None
     verify_images: int = 64  # how many of them (at this batch size and at batch size 1)
     # Exported logits must be within atol + rtol * |PyTorch's| of the PyTorch module's.
     atol: float = 1e-4
@@ -85,14 +86,21 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     meta = data_meta(ckpt)
     module = ckpt.module(**({"tta": cfg.tta} if cfg.tta else {}))
     n = module.hparams.num_classes
-    if not Path(cfg.input).exists():
+    source = cfg.input or meta.get("test_images")
+    give = (
+        "the export is verified on real images: "
+        "give input=<a folder of images, an image file or a CIFAR batch file>"
+    )
+    if source is None:
         raise UserError(
-            f"input={cfg.input}: no such file or folder; the export is verified on real images: "
-            "give input=<a folder of images, an image file or a CIFAR batch file>"
+            f"ckpt_path={cfg.ckpt_path} does not say what data it was tested on; {give}"
         )
-    inputs = read(cfg.input, meta, n)
+    if not Path(source).exists():
+        what = f"input={source}" if cfg.input else f"the checkpoint's test images ({source})"
+        raise UserError(f"{what}: no such file or folder; {give}")
+    inputs = read(source, meta, n)
     if not inputs.names:
-        raise UserError(f"none of the images in input={cfg.input} could be read")
+        raise UserError(f"none of the images in input={source} could be read")
     images = normaliser(meta)(inputs.images[: cfg.verify_images])
     # At least 3, so that both verified batch sizes differ from the traced one.
     images = images[torch.arange(max(len(images), 3)) % len(images)]
@@ -100,7 +108,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     out = Path(cfg.output or Path(cfg.run_dir) / f"model{SUFFIXES[cfg.format]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     info = {
-        **meta,
+        **{k: v for k, v in meta.items() if k != "test_images"},  # a path of the training machine
         "class_names": meta.get("class_names") or [str(i) for i in range(n)],
         "input": "images: float32 (N, 3, H, W), (pixel / 255 - mean) / std",
         "output": "logits: (N, classes); softmax gives probabilities",
@@ -117,7 +125,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     log.info(
         f"Exported {cfg.format} to {out} ({out.stat().st_size / 1e6:.1f} MB, tta={module.hparams.tta}, "
         f"dynamic batch). Verified on {min(len(inputs.names), cfg.verify_images)} image(s) of "
-        f"input={cfg.input} at batch sizes {len(images)} and 1: max |logit difference| "
+        f"input={source} at batch sizes {len(images)} and 1: max |logit difference| "
         f"{diff:.2e} (tolerance {cfg.atol:g} + {cfg.rtol:g} * |logit|)"
     )
     return {"output": str(out), "max_abs_diff": diff}

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 SIXTEEN_BIT = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
 AUTO = "auto"  # the fastest mode whose loss stays finite, by a fit-start probe (autoprecision.py)
+FLOAT16 = ("16-mixed", "16-true")
 
 
 class Precision:
@@ -120,6 +121,14 @@ class Precision:
         self.layout = self.channels_last(device.type)
         if self.name != AUTO:
             log.info("Precision: %s", self.describe(trainer))
+            if device.type == "cpu" and self.name in FLOAT16:
+                log.warning(
+                    "Precision: %s on CPU: float16 has no fast CPU kernels for most of the "
+                    "network, so expect each step to take many times as long as under 32-true; "
+                    "for speed on CPU use precision=bf16-mixed (or 32-true). float16 on CPU is "
+                    "for checking fp16 numerics",
+                    self.name,
+                )
             return
         from cifar_amp.autoprecision import AutoPrecision  # it imports this module
 

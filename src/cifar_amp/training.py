@@ -14,11 +14,13 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import build, checkpoints, metrics, runs
 from cifar_amp.checkpoints import Checkpoint
+from cifar_amp.errors import UserError
 from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def build_run(cfg: DictConfig) -> Run:
     """Everything the run needs, range-checked, and the resume checked; nothing is written yet."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    start = build.per_stage_ranks(cfg.trainer.strategy)
+    if start and not HydraConfig.initialized():  # a command starts such ranks once (build)
+        raise UserError(
+            f"trainer.strategy={cfg.trainer.strategy}: ranks started by {start} are new "
+            "processes for each of fit and test, so the run's CSV log and epoch count would be "
+            "lost; run train.py (which starts them once) or use trainer.strategy=ddp from a script"
+        )
     prec = build.precision(cfg)
     callbacks = build.callbacks(cfg)
     source = checkpoints.resume_source(cfg)

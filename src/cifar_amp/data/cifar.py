@@ -203,8 +203,13 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
     def meta(self) -> dict:
         """What the trained network expects, kept in every checkpoint (`data_meta`) so that
         predict and export need no data: `class_names` (from the folder's names file, else the
-        official ones), `mean` and `std` (in [0, 1] pixel units), `image_size` [H, W]."""
-        return self.spec.meta(find_folder(self.data_dir, self.spec))
+        official ones), `mean` and `std` (in [0, 1] pixel units), `image_size` [H, W]; and
+        `test_images`, the test batch file, on which export verifies by default."""
+        folder = find_folder(self.data_dir, self.spec)
+        test = (folder or Path(self.data_dir) / self.spec.tv.base_folder) / self.spec.files("test")[
+            0
+        ]
+        return self.spec.meta(folder) | {"test_images": str(test.resolve())}
 
     def prepare_data(self) -> None:
         locate_or_download(self.data_dir, self.spec, self.download)
