@@ -4,23 +4,33 @@ to its budget, and that a run really probes, records its choice, and a resume re
 from __future__ import annotations
 
 import logging
+import math
 import time
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import MixedPrecision
-from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision, FSDPPrecision, MixedPrecision
+from lightning.pytorch.plugins.precision import Precision as Plugin
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    SingleDeviceStrategy,
+)
 from torch import nn
 
 from cifar_amp import autoprecision as A
-from cifar_amp import metrics
+from cifar_amp import build, metrics
 from cifar_amp.checkpoints import SETTINGS
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
-from cifar_amp.precision import Precision
+from cifar_amp.module import ImageClassifier
 from cifar_amp.training import build_run, train
+from conftest import CPU_DDP, requires_cuda
+from test_ddp import TWO_RANKS, plain
 
 
 @pytest.mark.parametrize(
@@ -84,7 +94,7 @@ class Sleepy(L.LightningModule):
 def test_probe_keeps_to_its_budget_on_a_slow_step_and_rejects_nan():
     # 2 candidates x 2 steps at 64 images (0.13 s a step) would take 0.51 s: over budget.
     batch = (torch.randn(64, 4), torch.randint(0, 2, (64,)))
-    prec, cpu = Precision("auto"), torch.device("cpu")
+    prec, cpu = A.AutoPrecision(), torch.device("cpu")
     start = time.perf_counter()
     found = A.probe(
         Sleepy(nan_in=torch.bfloat16),
@@ -173,3 +183,75 @@ def test_auto_with_clipping_and_a_fused_optimizer_is_refused(make_cfg):
         build_run(
             make_cfg("precision=auto", "module.optimizer.fused=true", "trainer.gradient_clip_val=1")
         )
+
+
+@pytest.mark.parametrize(
+    "strategy", [SingleDeviceStrategy, DDPStrategy, FSDPStrategy, DeepSpeedStrategy]
+)
+def test_auto_candidates_get_their_strategys_plugin(strategy):
+    made = {name: A.AutoPrecision().plugin(strategy, "cpu", name) for name in A.SAFEST_FIRST}
+    expected = {FSDPStrategy: FSDPPrecision, DeepSpeedStrategy: DeepSpeedPrecision}
+    for name, plugin in made.items():
+        assert plugin.precision == name
+        if strategy in expected:
+            assert type(plugin) is expected[strategy]
+        else:
+            assert type(plugin) is (Plugin if name == "32-true" else MixedPrecision)
+
+
+@pytest.mark.parametrize("strategy", [FSDPStrategy, DeepSpeedStrategy])
+def test_auto_is_refused_under_sharding_strategies(strategy):
+    trainer = SimpleNamespace(strategy=object.__new__(strategy))  # Lightning refuses FSDP on CPU
+    with pytest.raises(UserError, match=f"precision=auto does not probe under {strategy.__name__}"):
+        A.AutoPrecision().setup(trainer)
+
+
+class RecordPrecision(L.Callback):
+    """Writes each rank's precision mode to <out>/rank<r>.txt when training starts."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def on_train_start(self, trainer, pl_module):
+        (self.out / f"rank{trainer.global_rank}.txt").write_text(trainer.precision)
+
+
+@pytest.mark.skipif(CPU_DDP != "ddp_fork", reason="fakes the ranks' probes in this process")
+def test_auto_on_two_ranks_trains_both_in_rank_zeros_choice(make_cfg, tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    # The two ranks' probes disagree (as timings on two devices may): rank 0's choice wins.
+    monkeypatch.setattr(A, "choose", lambda m: "bf16-mixed" if dist.get_rank() == 0 else "32-true")
+    cfg = make_cfg(
+        *TWO_RANKS,
+        "precision=auto",
+        "precision.probe_seconds=1",
+        "trainer.max_steps=1",
+        "callbacks=none",
+        "test=false",
+    )
+    module = ImageClassifier(net=plain(cfg.model), num_classes=10)
+    trainer = build.trainer(cfg, callbacks=[RecordPrecision(tmp_path)], loggers=[])
+    trainer.fit(module, datamodule=build.datamodule(cfg))
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["bf16-mixed"] * 2
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_auto_probes_this_gpus_modes_and_trains_in_its_choice(make_cfg):
+    """The probe's candidates on this GPU, the chosen plugin installed, channels_last (the
+    layout of its 16-bit candidates), each candidate's speed recorded; whether the choice is
+    the fastest at a real size is bench-gpu's (`python -m bench.gpu --sections precision,auto`)."""
+    from test_gpu import ON_CUDA, Record, fit
+
+    cfg = make_cfg(*ON_CUDA, "precision=auto", "precision.probe_seconds=5", "trainer.max_steps=2")
+    rec = Record()
+    trainer, _, prec = fit(cfg, rec)
+    expected = ["32-true", "16-mixed"]
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        expected.insert(1, "bf16-mixed")
+    assert list(prec.probed) == expected and all(v > 0 for v in prec.probed.values())
+    assert prec.name in expected and trainer.precision == prec.name
+    assert isinstance(trainer.precision_plugin, MixedPrecision) is (prec.name != "32-true")
+    assert prec.layout and rec.batches_nhwc == [True] * 2
+    assert all(math.isfinite(v) for v in rec.losses)

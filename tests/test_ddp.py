@@ -113,40 +113,6 @@ def test_multirun_of_ddp_jobs_makes_one_run_dir_per_job(tmp_path, tiny_data):
     assert not (tmp_path / "logs").exists()  # no stray runs/ or multiruns/ from the children
 
 
-class RecordPrecision(Callback):
-    """Writes each rank's precision mode to <out>/rank<r>.txt when training starts."""
-
-    def __init__(self, out):
-        self.out = out
-
-    def on_train_start(self, trainer, pl_module):
-        (self.out / f"rank{trainer.global_rank}.txt").write_text(trainer.precision)
-
-
-@pytest.mark.skipif(CPU_DDP != "ddp_fork", reason="fakes the ranks' probes in this process")
-def test_auto_on_two_ranks_trains_both_in_rank_zeros_choice(make_cfg, tmp_path, monkeypatch):
-    import torch.distributed as dist
-
-    from cifar_amp import autoprecision
-
-    # The two ranks' probes disagree (as timings on two devices may): rank 0's choice wins.
-    monkeypatch.setattr(
-        autoprecision, "choose", lambda m: "bf16-mixed" if dist.get_rank() == 0 else "32-true"
-    )
-    cfg = make_cfg(
-        *TWO_RANKS,
-        "precision=auto",
-        "precision.probe_seconds=1",
-        "trainer.max_steps=1",
-        "callbacks=none",
-        "test=false",
-    )
-    module = ImageClassifier(net=plain(cfg.model), num_classes=10)
-    trainer = build.trainer(cfg, callbacks=[RecordPrecision(tmp_path)], loggers=[])
-    trainer.fit(module, datamodule=build.datamodule(cfg))
-    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["bf16-mixed"] * 2
-
-
 PER_STAGE = sorted(n for n in StrategyRegistry if build.per_stage_ranks(n))
 
 

@@ -215,22 +215,3 @@ def test_fsdp_trains_with_the_plugin_of_the_precision_choice(make_cfg, mode, cap
         assert "ShardedGradScaler(init_scale=1024" in caplog.text  # the fit-start line
     else:
         assert plugin.scaler is None
-
-
-def test_auto_probes_this_gpus_modes_and_trains_in_its_choice(make_cfg):
-    """The probe's candidates on this GPU, the chosen plugin installed, channels_last (the
-    layout of its 16-bit candidates), each candidate's speed recorded; whether the choice is
-    the fastest at a real size is bench-gpu's (`python -m bench.gpu --sections precision,auto`)."""
-    from lightning.pytorch.plugins.precision import MixedPrecision
-
-    cfg = make_cfg(*ON_CUDA, "precision=auto", "precision.probe_seconds=5", "trainer.max_steps=2")
-    rec = Record()
-    trainer, _, prec = fit(cfg, rec)
-    expected = ["32-true", "16-mixed"]
-    if torch.cuda.is_bf16_supported(including_emulation=False):
-        expected.insert(1, "bf16-mixed")
-    assert list(prec.probed) == expected and all(v > 0 for v in prec.probed.values())
-    assert prec.name in expected and trainer.precision == prec.name
-    assert isinstance(trainer.precision_plugin, MixedPrecision) is (prec.name != "32-true")
-    assert prec.layout and rec.batches_nhwc == [True] * 2
-    assert all(math.isfinite(v) for v in rec.losses)

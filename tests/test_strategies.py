@@ -11,7 +11,6 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, FSDPPrecision, MixedPrecision
-from lightning.pytorch.plugins.precision import Precision as Plugin
 from lightning.pytorch.strategies import (
     DDPStrategy,
     DeepSpeedStrategy,
@@ -20,7 +19,6 @@ from lightning.pytorch.strategies import (
 )
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from cifar_amp.autoprecision import SAFEST_FIRST as AUTO_CANDIDATES
 from cifar_amp.errors import UserError
 from cifar_amp.precision import Precision, describe_plugin
 from conftest import compose_cfg
@@ -55,27 +53,6 @@ def test_16_mixed_gets_its_strategys_plugin_with_the_scaler_settings(strategy, p
 def test_a_disabled_scaler_stays_disabled_under_fsdp():
     made = Precision("16-mixed", scaler={"enabled": False}).plugin(FSDPStrategy, "cpu")
     assert not made.scaler.is_enabled()
-
-
-@pytest.mark.parametrize(
-    "strategy", [SingleDeviceStrategy, DDPStrategy, FSDPStrategy, DeepSpeedStrategy]
-)
-def test_auto_candidates_get_their_strategys_plugin(strategy):
-    made = {name: Precision("auto").plugin(strategy, "cpu", name) for name in AUTO_CANDIDATES}
-    expected = {FSDPStrategy: FSDPPrecision, DeepSpeedStrategy: DeepSpeedPrecision}
-    for name, plugin in made.items():
-        assert plugin.precision == name
-        if strategy in expected:
-            assert type(plugin) is expected[strategy]
-        else:
-            assert type(plugin) is (Plugin if name == "32-true" else MixedPrecision)
-
-
-@pytest.mark.parametrize("strategy", [FSDPStrategy, DeepSpeedStrategy])
-def test_auto_is_refused_under_sharding_strategies(strategy):
-    trainer = SimpleNamespace(strategy=object.__new__(strategy))  # Lightning refuses FSDP on CPU
-    with pytest.raises(UserError, match=f"precision=auto does not probe under {strategy.__name__}"):
-        Precision("auto").setup(trainer)
 
 
 def test_deepspeed_scales_the_loss_itself_with_the_scaler_settings():

@@ -28,16 +28,21 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Annotated, Callable, Optional
 
 import torch
 from hydra.utils import instantiate
 from lightning import Callback
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
-from cifar_amp.precision import AUTO
+from cifar_amp import metrics
+from cifar_amp.config import Nested
+from cifar_amp.errors import InvalidArgument, UserError
+from cifar_amp.precision import NAMES, Precision
 
 log = logging.getLogger(__name__)
+AUTO = "auto"
 SAFEST_FIRST = ("32-true", "bf16-mixed", "16-mixed")
 MARGIN = 1.05  # a safer candidate this close to the fastest wins
 MAX_TIMED_STEPS = 20  # per candidate, whatever the budget: enough for a steady fastest step
@@ -194,12 +199,89 @@ def first_batch(trainer):
     return move_data_to_device(batch, trainer.strategy.root_device)
 
 
-class AutoPrecision(Callback):
-    """Added by `Precision.setup` under `precision=auto`: probes when fit sets up (the data is
-    loaded, the model not yet compiled, moved or wrapped), then installs the chosen mode's
-    plugin, for the strategy's set-up to connect."""
+class AutoPrecision(Precision):
+    """`precision=auto` (configs/precision/auto.yaml): a Precision whose mode is chosen by the
+    probe when fit starts, or taken from the checkpoint a run resumes (no probe).
 
-    def __init__(self, precision) -> None:
+    Args:
+        probe_seconds: the probe's budget, all candidates together.
+        scaler, channels_last, tf32: as Precision's; channels_last null = on on CUDA, the
+            layout of the 16-bit candidates, which the probe times (and picks) in it.
+    """
+
+    def __init__(
+        self,
+        name: str = AUTO,
+        scaler: Annotated[Optional[dict], Nested(torch.amp.GradScaler, ("device",))] = None,
+        channels_last: Optional[bool] = None,
+        tf32: bool = True,
+        probe_seconds: float = 20.0,
+    ) -> None:
+        if name != AUTO:
+            raise InvalidArgument(
+                "name",
+                repr(name),
+                "precision=auto chooses it; for a fixed mode use precision=<mode>",
+            )
+        if not probe_seconds > 0:
+            raise InvalidArgument("probe_seconds", probe_seconds, "must be > 0")
+        super().__init__("32-true", scaler, channels_last, tf32)
+        self.name, self.probe_seconds = AUTO, probe_seconds
+        self.probed: dict[str, float | None] = {}  # images/s per candidate (None: rejected)
+
+    @property
+    def trainer_precision(self) -> str:
+        # The chosen mode's plugin is installed at fit start (use).
+        return "32-true" if self.name == AUTO else super().trainer_precision
+
+    @property
+    def autocasts(self) -> bool:
+        return self.name == AUTO or super().autocasts
+
+    def channels_last(self, device: str) -> bool:
+        return self._channels_last if self._channels_last is not None else device == "cuda"
+
+    def adopt(self, recorded: str | None) -> None:
+        if self.name == AUTO and recorded in NAMES:
+            self.name = recorded
+            log.info("Precision auto: %s, as chosen by the run resumed (no probe)", recorded)
+
+    def record(self) -> dict:
+        probed = {f"{metrics.PRECISION_PROBE}/{k}": v for k, v in self.probed.items()}
+        return super().record() | probed
+
+    def setup(self, trainer) -> None:
+        strategy = type(trainer.strategy)
+        if issubclass(strategy, (FSDPStrategy, DeepSpeedStrategy)):
+            # the probe trains plain copies of the network on one device, not sharded ones
+            raise UserError(
+                f"precision=auto does not probe under {strategy.__name__}; choose a mode: "
+                "precision=bf16-mixed, 16-mixed or 32-true"
+            )
+        super().setup(trainer)
+        if self.name == AUTO:
+            trainer.callbacks.append(Probe(self))
+
+    def announce(self, trainer) -> None:
+        if self.name != AUTO:
+            return super().announce(trainer)
+        layout = "channels_last" if self.layout else "contiguous (NCHW)"
+        log.info("Precision: auto, chosen at fit start by a probe (layout %s)", layout)
+
+    def use(self, trainer, name: str) -> None:
+        """Run the rest of the fit in mode `name` (before the strategy's set-up)."""
+        self.name = name
+        device = trainer.strategy.root_device.type
+        trainer.strategy.precision_plugin = self.plugin(type(trainer.strategy), device, name)
+        log.info("Precision: %s", self.describe(trainer))
+
+
+class Probe(Callback):
+    """Added by `AutoPrecision.setup`: probes when fit sets up (the data is loaded, the model
+    not yet compiled, moved or wrapped), then installs the chosen mode's plugin, for the
+    strategy's set-up to connect."""
+
+    def __init__(self, precision: AutoPrecision) -> None:
         self.precision = precision
 
     def setup(self, trainer, pl_module, stage: str) -> None:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 from cifar_amp.module import ImageClassifier
-from cifar_amp.precision import AUTO, Precision
+from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,7 @@ def trainer(
         raise UserError(f"invalid config value for trainer.gradient_clip_val: {clip}; must be >= 0")
     if t.get("accumulate_grad_batches", 1) < 1:
         raise UserError("invalid config value for trainer.accumulate_grad_batches: must be >= 1")
-    if (
-        clip
-        and OmegaConf.select(cfg, "module.optimizer.fused")
-        and prec.name in ("16-mixed", "bf16-mixed", AUTO)
-    ):
+    if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
         raise UserError(
             f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
             f"precision={prec.name}: the fused optimizer unscales the gradients inside its step, "

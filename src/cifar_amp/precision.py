@@ -17,13 +17,13 @@ from lightning.pytorch.plugins.precision import (
 from lightning.pytorch.plugins.precision import Precision as Plugin
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy
 
+from cifar_amp import metrics
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 SIXTEEN_BIT = ("16-mixed", "bf16-mixed", "16-true", "bf16-true")
-AUTO = "auto"  # the fastest mode whose loss stays finite, by a fit-start probe (autoprecision.py)
 FLOAT16 = ("16-mixed", "16-true")
 
 
@@ -34,11 +34,9 @@ class Precision:
         name: Lightning's precision name. `16-mixed` is float16 autocast + GradScaler on every
             device, CPU included (Lightning alone would quietly use bfloat16 on CPU), and under
             every strategy (FSDP: its sharded GradScaler; DeepSpeed: its own loss scaler).
-            `auto`: the fastest of this device's candidate modes whose loss stays finite,
-            measured by a short probe of the run's own network and batch at fit start
-            (autoprecision.py); a resume keeps the choice its checkpoint records.
+            (`precision=auto`, an extra, chooses one of these at fit start: autoprecision.py.)
         scaler: torch.amp.GradScaler arguments (defaults are torch's); `16-mixed` only.
-        channels_last: NHWC network and batches. null = on for 16-bit modes (and `auto`) on
+        channels_last: NHWC network and batches. null = on for 16-bit modes on
             CUDA, where tensor-core convolutions want NHWC; off elsewhere (on CPU it is slower).
         tf32: let float32 convolutions and matmuls use TF32 tensor cores (Ampere or newer).
             True is PyTorch's own default for cuDNN convolutions, so `32-true` is then really
@@ -51,15 +49,10 @@ class Precision:
         scaler: Annotated[Optional[dict], Nested(torch.amp.GradScaler, ("device",))] = None,
         channels_last: Optional[bool] = None,
         tf32: bool = True,
-        probe_seconds: float = 20.0,
     ) -> None:
-        if name not in (*NAMES, AUTO):
-            raise InvalidArgument("name", repr(name), f"valid: {', '.join((*NAMES, AUTO))}")
-        if not probe_seconds > 0:
-            raise InvalidArgument("probe_seconds", probe_seconds, "must be > 0")
+        if name not in NAMES:
+            raise InvalidArgument("name", repr(name), f"valid: {', '.join(NAMES)}")
         self.name, self.tf32, self._channels_last = name, tf32, channels_last
-        self.requested, self.probe_seconds = name, probe_seconds
-        self.probed: dict[str, float | None] = {}  # auto: images/s per candidate (None: rejected)
         self.layout: bool | None = None  # channels_last or not: decided by setup()
         params = inspect.signature(torch.amp.GradScaler).parameters
         s = self.scaler = {k: p.default for k, p in params.items() if k != "device"} | (
@@ -77,31 +70,32 @@ class Precision:
     @property
     def trainer_precision(self) -> str:
         """The Trainer's `precision=`. The 16-mixed plugin is made for the device the Trainer
-        picks (setup), and auto's at fit start, so such a Trainer starts in 32-true."""
-        return "32-true" if self.name in ("16-mixed", AUTO) else self.name
+        picks (setup), so such a Trainer starts in 32-true."""
+        return "32-true" if self.name == "16-mixed" else self.name
+
+    @property
+    def autocasts(self) -> bool:
+        """Whether steps may run under autocast (the fused optimizer then cannot clip)."""
+        return self.name in ("16-mixed", "bf16-mixed")
 
     def channels_last(self, device: str) -> bool:
         if self._channels_last is not None:
             return self._channels_last
-        # auto: the layout of its 16-bit candidates, which it probes (and picks) in it
-        return device == "cuda" and (self.requested == AUTO or self.name in SIXTEEN_BIT)
+        return device == "cuda" and self.name in SIXTEEN_BIT
 
     def adopt(self, recorded: str | None) -> None:
-        """`auto` resuming a run: the mode that run chose (its checkpoint's record), no probe."""
-        if self.name == AUTO and recorded in NAMES:
-            self.name = recorded
-            log.info("Precision auto: %s, as chosen by the run resumed (no probe)", recorded)
+        """Told the mode a checkpoint was trained in (resume, eval, predict): a fixed mode keeps
+        its own (the resume's settings check compares them); a mode chosen at run time takes it
+        (autoprecision.AutoPrecision)."""
+
+    def record(self) -> dict:
+        """What metrics.json says of the precision: the mode trained in."""
+        return {metrics.PRECISION: self.name}
 
     def setup(self, trainer) -> None:
         """For the device the Trainer chose: the 16-mixed plugin with this GradScaler, TF32,
         the layout; one line in the log."""
         strategy = type(trainer.strategy)
-        if self.name == AUTO and issubclass(strategy, (FSDPStrategy, DeepSpeedStrategy)):
-            # the probe trains plain copies of the network on one device, not sharded ones
-            raise UserError(
-                f"precision=auto does not probe under {strategy.__name__}; choose a mode: "
-                "precision=bf16-mixed, 16-mixed or 32-true"
-            )
         device = trainer.strategy.root_device
         if (
             device.type == "cuda"
@@ -119,35 +113,25 @@ class Precision:
         if device.type == "cuda":  # process-wide switches that only CUDA reads
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
         self.layout = self.channels_last(device.type)
-        if self.name != AUTO:
-            log.info("Precision: %s", self.describe(trainer))
-            if device.type == "cpu" and self.name in FLOAT16:
-                log.warning(
-                    "Precision: %s on CPU: float16 has no fast CPU kernels for most of the "
-                    "network, so expect each step to take many times as long as under 32-true; "
-                    "for speed on CPU use precision=bf16-mixed (or 32-true). float16 on CPU is "
-                    "for checking fp16 numerics",
-                    self.name,
-                )
-            return
-        from cifar_amp.autoprecision import AutoPrecision  # it imports this module
+        self.announce(trainer)
 
-        trainer.callbacks.append(AutoPrecision(self))
-        layout = "channels_last" if self.layout else "contiguous (NCHW)"
-        log.info("Precision: auto, chosen at fit start by a probe (layout %s)", layout)
-
-    def use(self, trainer, name: str) -> None:
-        """auto: run the rest of the fit in mode `name` (before the strategy's set-up)."""
-        self.name = name
-        device = trainer.strategy.root_device.type
-        trainer.strategy.precision_plugin = self.plugin(type(trainer.strategy), device, name)
+    def announce(self, trainer) -> None:
+        """The fit-start log line; a warning for float16 on CPU."""
         log.info("Precision: %s", self.describe(trainer))
+        if trainer.strategy.root_device.type == "cpu" and self.name in FLOAT16:
+            log.warning(
+                "Precision: %s on CPU: float16 has no fast CPU kernels for most of the network, "
+                "so expect each step to take many times as long as under 32-true; for speed on "
+                "CPU use precision=bf16-mixed (or 32-true). float16 on CPU is for checking fp16 "
+                "numerics",
+                self.name,
+            )
 
     def plugin(self, strategy: type[Strategy], device: str, name: str | None = None) -> Plugin:
         """The precision plugin of mode `name` (default: this choice) for a Trainer with this
         strategy on this device type, with this GradScaler for 16-mixed. Made here only where
         Lightning's own, made from the Trainer's precision name, would not do: 16-mixed (whose
-        Trainer starts in 32-true, see trainer_precision) and auto's candidates."""
+        Trainer starts in 32-true, see trainer_precision) and modes chosen at fit start."""
         name = name or self.name
         if issubclass(strategy, FSDPStrategy):  # Lightning's FSDP takes only FSDPPrecision
             plugin = FSDPPrecision(name)

@@ -131,10 +131,8 @@ def test(run: Run) -> dict[str, Any]:
 
 def report(run: Run, tested: dict[str, Any]) -> dict[str, Any]:
     """`<run_dir>/metrics.json`, and its numbers to every logger, whose run then ends."""
-    probed = {f"{metrics.PRECISION_PROBE}/{k}": v for k, v in run.precision.probed.items()}
     result = {
-        metrics.PRECISION: run.precision.name,
-        **probed,
+        **run.precision.record(),
         metrics.EPOCHS: run.trainer.current_epoch,
         metrics.FIT_SECONDS: run.fit_seconds,
         metrics.VAL_ACC_BEST: run.fitted.get(metrics.VAL_ACC_BEST),
