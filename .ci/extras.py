@@ -22,7 +22,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "docs" / "fork.md"
-ROW = re.compile(r"^\| \*\*(?P<name>[\w-]+)\*\* \|(?P<what>[^|]*)\|(?P<needs>[^|]*)\|(?P<files>[^|]*)\|$")
+ROW = re.compile(
+    r"^\| \*\*(?P<name>[\w-]+)\*\* \|(?P<what>[^|]*)\|(?P<needs>[^|]*)\|(?P<files>[^|]*)\|$"
+)
 
 
 def extras() -> dict[str, tuple[list[str], list[str]]]:
@@ -47,9 +49,11 @@ def removed(names: list[str], table: dict) -> set[str]:
 
 
 def copy_without(paths: list[str], dest: Path) -> None:
-    tracked = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
-    ).stdout.decode().split("\0")
+    tracked = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     gone = [p.rstrip("/") for p in paths]
     for rel in filter(None, tracked):
         if any(rel == g or rel.startswith(g + "/") for g in gone) or not (REPO / rel).exists():
@@ -76,23 +80,40 @@ def check(label: str, paths: list[str]) -> bool:
         )
         data = Path(tmp) / "data"
         subprocess.run(
-            [sys.executable, "-c", f"from cifar_folder import write_cifar_folder as w; w(__import__('pathlib').Path('{data}'))"],
+            [
+                sys.executable,
+                "-c",
+                f"from cifar_folder import write_cifar_folder as w; w(__import__('pathlib').Path('{data}'))",
+            ],
             cwd=copy / "tests",
             env=env,
             check=True,
         )
         fit = subprocess.run(
-            [sys.executable, "train.py", "trainer.max_epochs=1", f"data.data_dir={data}", "data.download=false"]
+            [
+                sys.executable,
+                "train.py",
+                "trainer.max_epochs=1",
+                f"data.data_dir={data}",
+                "data.download=false",
+            ]
             + [f"hydra.run.dir={tmp}/run", "trainer.enable_progress_bar=false"],
             cwd=copy,
             env=env,
             capture_output=True,
             text=True,
         )
-        ok = tests.returncode == 0 and fit.returncode == 0 and (Path(tmp) / "run" / "metrics.json").is_file()
+        ok = (
+            tests.returncode == 0
+            and fit.returncode == 0
+            and (Path(tmp) / "run" / "metrics.json").is_file()
+        )
         summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
-        print(f"{'ok  ' if ok else 'FAIL'} without {label}: tests: {summary}; default recipe, 1 epoch: "
-              f"exit {fit.returncode} ({time.perf_counter() - start:.0f} s)", flush=True)
+        print(
+            f"{'ok  ' if ok else 'FAIL'} without {label}: tests: {summary}; default recipe, 1 epoch: "
+            f"exit {fit.returncode} ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
         if not ok:
             print((tests.stdout + tests.stderr)[-4000:], fit.stderr[-2000:], sep="\n", flush=True)
         return ok
@@ -102,13 +123,20 @@ def main(argv: list[str]) -> int:
     table = extras()
     unknown = [n for n in argv if n not in table]
     if unknown:
-        print(f"error: not an extra: {', '.join(unknown)}; extras: {', '.join(table)}", file=sys.stderr)
+        print(
+            f"error: not an extra: {', '.join(unknown)}; extras: {', '.join(table)}",
+            file=sys.stderr,
+        )
         return 2
     runs = [[n] for n in (argv or table)] + ([list(table)] if not argv else [])
     results = []
     for names in runs:
         gone = sorted(removed(names, table))
-        label = "all extras" if len(names) > 1 else " + ".join([names[0], *sorted(set(gone) - set(names))])
+        label = (
+            "all extras"
+            if len(names) > 1
+            else " + ".join([names[0], *sorted(set(gone) - set(names))])
+        )
         results.append(check(label, [p for n in gone for p in table[n][0]]))
     return 0 if all(results) else 1
 
