@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from cifar_amp import diagnostics as D
+from cifar_amp import metrics
 from cifar_amp.training import train
+from conftest import requires_cuda
 
 DIAG = "+callbacks.precision_diagnostics._target_=cifar_amp.diagnostics.PrecisionDiagnostics"
 
@@ -153,6 +155,14 @@ def test_train_seconds_count_the_warmup_at_the_later_batches_mean(make_cfg, tmp_
     steps = 180 // 16  # tiny data: 180 training images in batches of 16
     assert out[D.TRAIN_SECONDS] == steps  # all batches at the later batches' 1 s
     assert D.COMPILE_SECONDS not in out  # module.compile is off
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_a_compiled_gpu_run_reports_its_compile_and_train_seconds(make_cfg, tmp_path):
+    out = train(make_cfg("trainer=gpu", "module.compile=true", "trainer.max_epochs=2"))
+    assert out[D.COMPILE_SECONDS] >= 0
+    assert 0 < out[D.TRAIN_SECONDS] < out[metrics.FIT_SECONDS]
 
 
 def test_scale_tensor_is_the_scale_without_a_sync():

@@ -15,7 +15,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from cifar_amp import build, metrics, tta
-from cifar_amp import diagnostics as D
 from cifar_amp.data import Augment as AugmentConfig
 from cifar_amp.data import DeviceBatches, augment
 from cifar_amp.errors import UserError
@@ -310,7 +309,7 @@ GPU_RECIPE = ("experiment=speedrun_gpu", "model.widths=[8,16,16]", "data.batch_s
 
 def test_speedrun_gpu_recipe_trains_on_cpu_shrunk(make_cfg, tmp_path):
     """The GPU recipe composes and runs anywhere: no validation, last.ckpt (the EMA weights,
-    written by a background thread) is tested, timings in metrics.json."""
+    written by a background thread) is tested. (Its timings are the diagnostics extra's.)"""
     result = train(make_cfg(*GPU_RECIPE, "module.compile=false", "trainer.max_epochs=2"))
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert result["tested_ckpt"] == str(last) and result[metrics.VAL_ACC_BEST] is None
@@ -318,8 +317,6 @@ def test_speedrun_gpu_recipe_trains_on_cpu_shrunk(make_cfg, tmp_path):
     ckpt = torch.load(last, map_location="cpu", weights_only=False)
     assert ckpt["epoch"] == 1 and result[metrics.EPOCHS] == 2  # written at the end of the last
     assert "current_model_state" in ckpt  # the EMA average is the state_dict
-    assert 0 < result[D.TRAIN_SECONDS] < result[metrics.FIT_SECONDS]
-    assert D.COMPILE_SECONDS not in result  # compile off
     assert json.loads((tmp_path / "metrics.json").read_text()) == result
 
 
@@ -336,7 +333,6 @@ def test_speedrun_gpu_recipe_trains_compiled_on_a_gpu(make_cfg, tmp_path, mode):
             "callbacks.ema.update_starting_at_step=2",
         )
     )
-    assert result[D.COMPILE_SECONDS] >= 0 and result[D.TRAIN_SECONDS] > 0
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0 and result["epochs"] == 2
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
