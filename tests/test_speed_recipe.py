@@ -23,6 +23,7 @@ from cifar_amp.speedrun import EMA, PatchWhitening, patches
 from cifar_amp.training import train
 from conftest import compose_cfg, requires_cuda
 from test_augment import translate as shifted
+from test_cli import run
 from test_host_sync import STEPS, _watch, unexplained
 from test_resume import assert_same_weights, comparable, resume_mid_epoch
 from test_train import assert_eval_reproduces_the_test
@@ -411,3 +412,22 @@ def test_the_previous_releases_recipe_checkpoint_resumes_as_data(make_cfg, tmp_p
     assert result[metrics.EPOCHS] == 3
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert "current_model_state" in last and last["averaging_state"]
+
+
+def test_a_gpu_recipe_without_a_gpu_names_itself_and_the_cpu_way(tmp_path):
+    # It ended in Lightning's "No supported gpu backend found!" / CUDA's "Found no NVIDIA driver".
+    # (Other devices and options: test_bad_input.py::test_a_device_asked_where_there_is_none.)
+    r = run(
+        "train.py",
+        "experiment=speedrun_gpu",
+        f"hydra.run.dir={tmp_path}/run",
+        tmp_path=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": ""},  # no GPU, on any machine
+    )
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr[-2000:]
+    assert r.stderr.startswith(
+        "error: experiment=speedrun_gpu needs a gpu device (trainer.accelerator=gpu) and none is "
+        "visible here"
+    )
+    assert "add trainer=cpu" in r.stderr
+    assert not (tmp_path / "run" / "config.yaml").exists()
