@@ -67,7 +67,10 @@ def test_precision_settings_are_typed(make_cfg, override):
         ("16-mixed", "cuda", True),
         ("bf16-true", "cuda", True),
         ("32-true", "cuda", False),
-        ("16-mixed", "cpu", False),
+        ("16-mixed", "cpu", False),  # float16 on CPU: NHWC is slower
+        ("32-true", "cpu", True),  # oneDNN's convolutions run NHWC
+        ("bf16-mixed", "cpu", True),
+        ("bf16-mixed", "mps", False),
     ],
 )
 def test_channels_last_follows_the_precision_unless_set(name, device, expected):
@@ -96,6 +99,10 @@ def test_tf32_is_explicit_and_reported(make_cfg, monkeypatch):
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
     cfg = make_cfg()
     prec = build.precision(cfg)
+    assert prec.describe(build.trainer(cfg, prec)).endswith(
+        "layout channels_last (network and batches)"
+    )
+    prec = build.precision(make_cfg("precision.channels_last=false"))
     assert prec.describe(build.trainer(cfg, prec)).endswith("layout contiguous (NCHW)")
 
 

@@ -205,8 +205,9 @@ class AutoPrecision(Precision):
 
     Args:
         probe_seconds: the probe's budget, all candidates together.
-        scaler, channels_last, tf32: as Precision's; channels_last null = on on CUDA, the
-            layout of the 16-bit candidates, which the probe times (and picks) in it.
+        scaler, channels_last, tf32: as Precision's; channels_last null = on on CUDA (the
+            16-bit candidates' layout) and on CPU (every CPU candidate's), the probe timing
+            each candidate in it.
     """
 
     def __init__(
@@ -239,7 +240,7 @@ class AutoPrecision(Precision):
         return self.name == AUTO or super().autocasts
 
     def channels_last(self, device: str) -> bool:
-        return self._channels_last if self._channels_last is not None else device == "cuda"
+        return self._channels_last if self._channels_last is not None else device in ("cuda", "cpu")
 
     def adopt(self, recorded: str | None) -> None:
         if self.name == AUTO and recorded in NAMES:

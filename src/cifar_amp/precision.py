@@ -36,8 +36,11 @@ class Precision:
             every strategy (FSDP: its sharded GradScaler; DeepSpeed: its own loss scaler).
             (`precision=auto`, an extra, chooses one of these at fit start: autoprecision.py.)
         scaler: torch.amp.GradScaler arguments (defaults are torch's); `16-mixed` only.
-        channels_last: NHWC network and batches. null = on for 16-bit modes on
-            CUDA, where tensor-core convolutions want NHWC; off elsewhere (on CPU it is slower).
+        channels_last: NHWC network and batches. null = on for 16-bit modes on CUDA, where
+            tensor-core convolutions want NHWC, and on CPU for the 32-bit and bfloat16 modes,
+            whose oneDNN convolutions run NHWC (a SpeedNet step 1.3-1.5x faster, ResNet-18
+            1.1x on the dev box: docs/benchmarks.md); off for 32-true on CUDA and for float16
+            on CPU (slower there), and on other devices.
         tf32: let float32 convolutions and matmuls use TF32 tensor cores (Ampere or newer).
             True is PyTorch's own default for cuDNN convolutions, so `32-true` is then really
             TF32 for a conv net; false gives strict IEEE fp32 (the slow baseline).
@@ -81,6 +84,8 @@ class Precision:
     def channels_last(self, device: str) -> bool:
         if self._channels_last is not None:
             return self._channels_last
+        if device == "cpu":
+            return self.name not in FLOAT16
         return device == "cuda" and self.name in SIXTEEN_BIT
 
     def adopt(self, recorded: str | None) -> None:
