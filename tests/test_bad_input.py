@@ -12,7 +12,7 @@ import lightning.pytorch.accelerators
 import pytest
 import torch
 
-from cifar_amp import build, runs
+from cifar_amp import build, errors, runs
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
@@ -236,3 +236,61 @@ def test_cli_full_traceback_on_request(tmp_path, tiny_data):
         env={"HYDRA_FULL_ERROR": "1"},
     )
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+# How pyproject.toml's lines read in the installed project's metadata (errors.declared).
+REQUIRES = [
+    "rich>=13",
+    'optuna<6,>=4; extra == "sweeps"',
+    'hydra-submitit-launcher<1.3,>=1.2; extra == "sweeps"',
+    'wandb<1,>=0.19; extra == "trackers"',
+]
+
+
+SWEEPS, TRACKERS = "pip install -e '.[sweeps]'", "pip install -e '.[trackers]'"
+
+
+@pytest.mark.parametrize(
+    "error,expected",
+    [
+        (ModuleNotFoundError("No module named 'optuna'", name="optuna"), f"optuna, {SWEEPS}"),
+        (
+            ModuleNotFoundError("x", name="hydra_plugins.hydra_submitit_launcher"),
+            f"hydra-submitit-launcher, {SWEEPS}",
+        ),
+        # Lightning's requirement checks name the package in the message only
+        (
+            ModuleNotFoundError("Requirement 'wandb>=0.12.10' not met. HINT: ..."),
+            f"wandb, {TRACKERS}",
+        ),
+        (
+            ModuleNotFoundError("`RichProgressBar` requires `rich` >= 10.2.2."),
+            "rich, pip install 'rich>=13'",
+        ),
+        (ModuleNotFoundError("No module named 'my_code'", name="my_code"), None),  # not ours
+        (ValueError("optuna"), None),
+    ],
+)
+def test_a_missing_package_is_named_with_the_pip_command_of_its_extra(monkeypatch, error, expected):
+    monkeypatch.setattr(errors.importlib.metadata, "requires", lambda name: REQUIRES)
+    errors.declared.cache_clear()
+    try:
+        found = errors.missing_package(error)
+    finally:
+        errors.declared.cache_clear()
+    if expected is not None:
+        name, how = expected.split(", ")
+        expected = f"{name}, which is not installed here: {how}"
+    assert found == expected
+
+
+def test_a_callback_whose_package_is_missing_is_one_line_naming_it(make_cfg, monkeypatch):
+    """Lightning's RichProgressBar without rich: the config key, the package, its pip line."""
+    from lightning.pytorch.callbacks.progress import rich_progress
+
+    monkeypatch.setattr(rich_progress, "_RICH_AVAILABLE", False)
+    with pytest.raises(UserError) as e:
+        build.callbacks(make_cfg("callbacks=[default,rich]"))
+    msg = str(e.value)
+    assert msg.startswith("callbacks.rich_progress_bar needs rich, which is not installed here: ")
+    assert msg.endswith(errors.declared()["rich"]) and "\n" not in msg

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cifar_amp import cli, config
+from cifar_amp import cli, config, errors
 from conftest import CONFIGS, REPO, SHRINK
 
 
@@ -229,4 +229,43 @@ def test_train_then_eval_from_the_command_line(tmp_path, tiny_data):
     assert r.returncode == 0, r.stderr[-2000:]
     assert (
         json.loads((tmp_path / "e" / "metrics.json").read_text())["test/acc"] == trained["test/acc"]
+    )
+
+
+def plugin_configs(tmp_path, launcher: str):
+    """An app whose hydra/launcher=cluster is `launcher` (a YAML body)."""
+    (tmp_path / "hydra" / "launcher").mkdir(parents=True)
+    (tmp_path / "train.yaml").write_text("x: 1\n")
+    (tmp_path / "hydra" / "launcher" / "cluster.yaml").write_text(launcher)
+    return tmp_path
+
+
+def test_an_option_on_a_hydra_plugin_that_is_not_installed_is_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    # As hydra/launcher=slurm builds on submitit_slurm: Hydra says "Could not load
+    # 'hydra/launcher/submitit_slurm'" with its search path, 8 lines, exit 1.
+    configs = plugin_configs(tmp_path, "defaults:\n  - cluster_plugin\n")
+    monkeypatch.setattr(cli, "declared", lambda: {"hydra-cluster": "pip install -e '.[cluster]'"})
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["-m", "hydra/launcher=cluster", "x=2,3"], configs, "train")
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: hydra/launcher=cluster needs hydra/launcher/cluster_plugin, a config of a Hydra "
+        "plugin: hydra-cluster, which is not installed here: pip install -e '.[cluster]'\n"
+    )
+
+
+def test_a_sweeps_launcher_whose_package_is_not_installed_is_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    # Hydra: "Unknown plugin class" in a traceback when the sweep starts.
+    configs = plugin_configs(tmp_path, "_target_: cluster_launcher.launcher.Launcher\n")
+    monkeypatch.setattr(errors, "declared", lambda: {"cluster-launcher": "pip install -e '.[c]'"})
+    cli.check_overrides(["hydra/launcher=cluster", "x=2"], configs, "train")  # one run: no launcher
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as e:
+        cli.check_overrides(["-m", "hydra/launcher=cluster", "x=2,3"], configs, "train")
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: hydra/launcher=cluster needs cluster-launcher, which is not installed here: "
+        "pip install -e '.[c]'\n"
     )

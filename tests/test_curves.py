@@ -122,3 +122,15 @@ def test_plot_command(make_cfg, tmp_path):
         text=True,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_plot_without_matplotlib_names_its_pip_command_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(plot, "load", lambda paths: {"run": {plot.EPOCHS: []}})
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.ticker"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(SystemExit) as e:
+        plot.main([str(tmp_path), "-o", str(tmp_path / "c.png")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and not (tmp_path / "c.png").exists()
+    assert err.startswith("error: this command needs matplotlib, which is not installed here: ")
+    assert "pip install 'matplotlib" in err

@@ -254,3 +254,17 @@ def test_parallel_jobs_each_get_their_own_process_device_and_threads(tmp_path):
     # without devices, a job sees the GPUs this command sees (submitit alone would hide them)
     sweep(tmp_path, *args, "hydra.sweeper.n_trials=2", name="nodevices")
     assert [j["cuda"] for j in jobs(tmp_path / "nodevices")] == [None, None]
+
+
+def test_without_optuna_the_sweep_stops_in_one_line(monkeypatch, capsys):
+    # Hydra's CompactHydraException: 3 lines, exit 1.
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    sweeper = S.OptunaAskTellSweeper("s", None, "maximize", 1, 1, {}, {}, None, None)
+    with pytest.raises(SystemExit) as e:
+        sweeper.sweep([])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(
+        "error: hydra/sweeper=optuna_asktell needs optuna, which is not installed here: "
+        "pip install -e '.[sweeps]'"
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import huggingface_hub
 import pytest
 import timm
@@ -78,3 +80,14 @@ def test_bad_name_through_the_builder(make_cfg):
     cfg = make_cfg("model=timm", "model.name=resnet_nope")
     with pytest.raises(UserError, match=r"^invalid config value for model\.name: 'resnet_nope'"):
         build.module(cfg, 10)
+
+
+def test_model_timm_without_timm_is_one_line_naming_its_pip_command(make_cfg, monkeypatch):
+    for name in [n for n in sys.modules if n == "timm" or n.startswith("timm.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    cfg = make_cfg("model=timm", "model.name=resnet18")
+    with pytest.raises(UserError) as e:
+        build.module(cfg, num_classes=10)
+    msg = str(e.value)
+    assert msg.startswith("model needs timm, which is not installed here: pip install ")
+    assert "timm" in msg.rpartition("pip install")[2] and "\n" not in msg

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from cifar_amp import build, metrics, tracking
 from cifar_amp.checkpoints import TRACKERS
+from cifar_amp.errors import UserError
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
 
@@ -414,3 +415,13 @@ def test_flat_params_are_the_keys_mlflow_logger_logs(monkeypatch):
     flat = tracking.mlflow_params(params)
     assert flat == logged
     assert set(flat) == {"a/b", "a/c/0/d", "f", "g"}
+
+
+def test_logger_mlflow_without_mlflow_names_the_trackers_extra_in_one_line(make_cfg, monkeypatch):
+    for name in [n for n in sys.modules if n == "mlflow" or n.startswith("mlflow.")] + ["mlflow"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(UserError) as e:
+        build.loggers(make_cfg("logger=mlflow"))
+    assert str(e.value) == (
+        "logger.mlflow needs mlflow, which is not installed here: pip install -e '.[trackers]'"
+    )

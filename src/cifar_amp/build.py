@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.strategies import DDPStrategy, Strategy, StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
-from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
+from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
 from cifar_amp.module import ImageClassifier
 from cifar_amp.precision import Precision
 
@@ -39,6 +39,8 @@ def build(node: Any, key: str, recursive: bool = True, **kwargs) -> Any:
             cause = cause.__cause__
         if isinstance(cause, UserError):
             raise cause from e
+        if missing := missing_package(cause):  # an extra's package, e.g. logger=mlflow's
+            raise UserError(f"{key} needs {missing}") from e
         if isinstance(cause, MissingMandatoryValue):  # a required constructor argument
             raise UserError(f"{cause.full_key} is required: set {cause.full_key}=...") from e
         if isinstance(cause, InvalidArgument):

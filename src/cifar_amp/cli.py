@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import importlib
+import importlib.metadata
 import logging
 import math
 import os
@@ -34,7 +36,15 @@ from lightning.pytorch.strategies.launchers import subprocess_script as _launche
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from cifar_amp import config
-from cifar_amp.errors import EXIT_CODE, REPORTED, fail, one_line, reported
+from cifar_amp.errors import (
+    EXIT_CODE,
+    REPORTED,
+    declared,
+    fail,
+    missing_package,
+    one_line,
+    reported,
+)
 
 log = logging.getLogger(__name__)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -206,8 +216,8 @@ class SweepSummary(Callback):
 def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None:
     """Exit 2 with one line for an override that cannot compose, before Hydra runs: an unknown
     group option (with the valid ones), a key that does not exist (with the close matches and
-    the valid keys), a value of the wrong type. Other flags (--cfg, --help, ...) and malformed
-    overrides are left to Hydra."""
+    the valid keys), a value of the wrong type, a sweep's sweeper or launcher whose package is
+    not installed. Other flags (--cfg, --help, ...) and malformed overrides are left to Hydra."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return
     overrides = [a for a in argv if not a.startswith("-")]
@@ -217,8 +227,41 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None
         return
     if config_name != "train":
         _check_entry_keys(overrides, config_dir, config_name)
+    multirun = "-m" in argv or "--multirun" in argv
     for job_argv in jobs:
-        _check_job(job_argv, config_dir, config_name)
+        _check_job(job_argv, config_dir, config_name, multirun)
+
+
+def _check_plugins(hydra_cfg: DictConfig, argv: list[str]) -> None:
+    """A sweep's sweeper or launcher whose module needs a package that is not installed: one
+    line with its pip command (Hydra: a traceback, at the start of the sweep)."""
+    for group in ("sweeper", "launcher"):
+        target = OmegaConf.select(hydra_cfg, f"{group}._target_") or ""
+        try:
+            importlib.import_module(target.rpartition(".")[0])
+        except ImportError as e:
+            if missing := missing_package(e):
+                chosen = next((a for a in argv if f"hydra/{group}=" in a), f"hydra/{group}")
+                fail(f"{chosen} needs {missing}")
+
+
+def _missing_plugin(group: str, choice: str, argv: list[str]) -> None:
+    """A config of Hydra's own groups that an option of ours names and none here provides
+    (hydra/launcher=slurm -> submitit_slurm): the Hydra plugin is not installed; one line."""
+    chosen = next((a for a in argv if a.lstrip("+~").startswith(f"{group}=")), None)
+    if not (chosen and group.startswith("hydra/")):
+        return
+    absent = []
+    for name, how in declared().items():
+        if name.startswith("hydra-"):
+            try:
+                importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                absent.append(f"{name}, which is not installed here: {how}")
+    fail(
+        f"{chosen} needs {group}/{choice}, a config of a Hydra plugin: "
+        + ("; ".join(absent) or "no installed package provides it")
+    )
 
 
 def _one_job_per_value(argv: list[str]) -> list[list[str]]:
@@ -277,21 +320,24 @@ def _check_entry_keys(argv: list[str], config_dir: Path, config_name: str) -> No
             fail(f"{arg}: {entry} takes no {top} (a train.py setting); its keys: {valid}")
 
 
-def _check_job(argv: list[str], config_dir: Path, config_name: str) -> None:
+def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bool) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException, MissingConfigException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-    def composed(overrides):
+    def composed(overrides, hydra=False):
         with initialize_config_dir(str(config_dir), version_base="1.3"):
-            return compose(config_name, overrides=overrides)
+            return compose(config_name, overrides=overrides, return_hydra_config=hydra)
 
     try:
-        composed(argv)
+        cfg = composed(argv, hydra=True)
+        if multirun or cfg.hydra.mode == RunMode.MULTIRUN:
+            _check_plugins(cfg.hydra, argv)
         return
     except MissingConfigException as e:  # an option of a group that does not exist
         group, _, choice = str(e.missing_cfg_file).rpartition("/")
         if not any(a.lstrip("+~").startswith(f"{group}=") and choice in a for a in argv):
+            _missing_plugin(group, choice, argv)
             return  # not the user's choice: Hydra reports it in its own words
         valid = e.options or sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
         fail(f"{group}={choice} is not an option; valid: {', '.join(valid)}")
