@@ -85,7 +85,8 @@ def fail(msg: str) -> None:
 
 @contextlib.contextmanager
 def reported():
-    """A UserError (or Lightning's MisconfigurationException) -> one line on stderr, exit 2."""
+    """A UserError (or Lightning's MisconfigurationException), or an ImportError of a package
+    this project declares (missing_package) -> one line on stderr, exit 2."""
     try:
         yield
     except (*REPORTED, ImportError) as e:
