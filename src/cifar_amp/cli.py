@@ -241,14 +241,18 @@ def _check_plugins(hydra_cfg: DictConfig, argv: list[str]) -> None:
             importlib.import_module(target.rpartition(".")[0])
         except ImportError as e:
             if missing := missing_package(e):
-                chosen = next((a for a in argv if f"hydra/{group}=" in a), f"hydra/{group}")
-                fail(f"{chosen} needs {missing}")
+                fail(f"{_chosen(argv, f'hydra/{group}') or f'hydra/{group}'} needs {missing}")
+
+
+def _chosen(argv: list[str], group: str) -> str | None:
+    """The user's override of config group `group` (`hydra/launcher=slurm`), if any."""
+    return next((a for a in argv if a.lstrip("+~").startswith(f"{group}=")), None)
 
 
 def _missing_plugin(group: str, choice: str, argv: list[str]) -> None:
     """A config of Hydra's own groups that an option of ours names and none here provides
     (hydra/launcher=slurm -> submitit_slurm): the Hydra plugin is not installed; one line."""
-    chosen = next((a for a in argv if a.lstrip("+~").startswith(f"{group}=")), None)
+    chosen = _chosen(argv, group)
     if not (chosen and group.startswith("hydra/")):
         return
     absent = []
