@@ -167,6 +167,25 @@ def test_sweep_ranks_name_a_failed_rank_and_kill_one_that_does_not_end(monkeypat
     assert stuck.returncode == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_command_ends_its_process_group_before_it_exits(fails):
+    # A rank that exits with its gloo process group alive can die of SIGABRT at interpreter
+    # teardown: a DDP sweep job then fails for no reason of its own.
+    def task(cfg):
+        store = torch.distributed.HashStore()
+        torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+        if fails:
+            raise UserError("refused")
+        return 7
+
+    if fails:
+        with pytest.raises(SystemExit):
+            cli.job(task)(OmegaConf.create())
+    else:
+        assert cli.job(task)(OmegaConf.create()) == 7
+    assert not torch.distributed.is_initialized()
+
+
 def _session(sid: int) -> list[str]:
     """The processes of session `sid` still running: pid and command line."""
     found = []

@@ -78,14 +78,25 @@ def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
         hc = HydraConfig.get() if HydraConfig.initialized() else None
-        if hc is not None and hc.mode == RunMode.MULTIRUN:
-            return _sweep_job(task, cfg, hc)
-        if hc is not None and os.environ.get(SWEEP_JOB) == hc.runtime.output_dir:
-            return _sweep_job_rank(task, cfg, Path(hc.runtime.output_dir))
-        with reported():
-            return task(cfg)
+        try:
+            if hc is not None and hc.mode == RunMode.MULTIRUN:
+                return _sweep_job(task, cfg, hc)
+            if hc is not None and os.environ.get(SWEEP_JOB) == hc.runtime.output_dir:
+                return _sweep_job_rank(task, cfg, Path(hc.runtime.output_dir))
+            with reported():
+                return task(cfg)
+        finally:
+            _end_process_group()
 
     return run
+
+
+def _end_process_group() -> None:
+    """Destroy the DDP process group before the interpreter ends: a rank that exits with it
+    alive can die of SIGABRT while gloo's threads free their work (pytorch/pytorch#179291),
+    which a sweep reports as a failed job."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 SWEEP_JOB = "CIFAR_AMP_SWEEP_JOB"  # set for the ranks > 0 of a sweep job: the job's dir
@@ -179,8 +190,7 @@ class SweepRanks:
 
     def __exit__(self, *exc) -> None:
         _launcher._launch_process_observer = self._observe
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        _end_process_group()  # a rank > 0 still waiting on this one fails now
         deadline = time.monotonic() + RANK_GRACE_S
         for rank, proc in enumerate(self.procs, start=1):
             try:
