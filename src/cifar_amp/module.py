@@ -135,12 +135,12 @@ class ImageClassifier(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # At an epoch's end the training metrics hold its totals (logged); a resume from here
-        # starts the next epoch, so the checkpoint holds them reset.
+        # starts the next epoch, so they are saved reset (in EMA's `current_model_state` too).
         if self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             for name in ("train_loss", "train_acc"):
                 fresh = copy.deepcopy(getattr(self, name))
                 fresh.reset()
-                for key in checkpoint.keys() & {"state_dict", "current_model_state"}:  # +EMA's
+                for key in checkpoint.keys() & {"state_dict", "current_model_state"}:
                     checkpoint[key].update(fresh.state_dict(prefix=f"{name}."))
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:
@@ -155,6 +155,6 @@ class ImageClassifier(LightningModule):
         if "total_steps" in inspect.signature(get_class(scheduler["_target_"])).parameters:
             if not math.isfinite(total := self.trainer.estimated_stepping_batches):
                 raise UserError("module.scheduler needs trainer.max_epochs or max_steps")
-            scheduler = scheduler | {"total_steps": int(total)}
+            scheduler = {**scheduler, "total_steps": int(total)}
         scheduler = instantiate(scheduler, optimizer=optimizer)
         return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
