@@ -1,6 +1,6 @@
 """Config schemas made from the constructors they configure (`_target_`, then each keyword
-argument, typed, with the code's default). A group's YAML defaults to `/schema/<module>.<Class>`
-and holds only what differs; `model.<arg>=...` needs no `+`, typos and wrong types fail early."""
+argument, typed, with the code's default): a group's YAML lists `/schema/<module>.<Class>@_here_`
+in its defaults and holds only what differs; a typo or a wrong type then fails at composition."""
 
 import collections
 import dataclasses
@@ -28,7 +28,7 @@ PASSED_BY_BUILD = {
     "trainer": ("precision", "callbacks", "logger", "default_root_dir"),
 }
 SCHEMA_LINE = re.compile(r"^\s*-\s*/schema/([\w.]+)@_here_\s*(?:#.*)?$", re.M)
-# `Annotated[dict, Nested(cls, exclude)]`: the argument is a node of `cls`'s own arguments.
+# `Annotated[dict, Nested(cls, exclude), ...]`: the argument is a node of `cls`'s own arguments.
 Nested = collections.namedtuple("Nested", ["target", "exclude"], defaults=[()])
 
 
