@@ -1,5 +1,4 @@
-"""The command line: `train.py`, `eval.py` and the other entries hand over here. An override that
-cannot compose gets one line and exit 2 before Hydra runs (whose message spans several lines)."""
+"""Every entry's command line: an override that cannot compose is one line, exit 2; then Hydra."""
 
 import difflib
 import functools
@@ -16,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, ValidationError
+from omegaconf import DictConfig, ValidationError
 
 from cifar_amp import config
 from cifar_amp.errors import declared, fail, missing_package, reported
@@ -25,8 +24,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def main(task: Callable[[DictConfig], Any], name: str, schema: type | None = None) -> None:
-    """Check the command line, then run `task` under Hydra with `configs/<name>.yaml` (whose
-    first default is `<name>_schema`: `schema`, or the core's TrainConfig / EvalConfig)."""
+    """Check the command line, then run `task` under Hydra: configs/<name>.yaml, schema `schema`."""
     config.register(CONFIGS, {name: schema} if schema else None)
     check_overrides(sys.argv[1:], CONFIGS, name)
     hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=name)(job(task))()
@@ -56,15 +54,14 @@ def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
 
 
 def end_process_group() -> None:
-    """Destroy the DDP process group before the interpreter ends: a rank that exits with it alive
-    can die of SIGABRT as gloo frees its work (pytorch/pytorch#179291), failing a sweep's job."""
+    """A rank exiting with its process group alive can die of SIGABRT (pytorch/pytorch#179291)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None:
-    """Exit 2 with one line for an override that cannot compose, each swept value composed once.
-    Other flags (--cfg, --help, ...) and malformed overrides are left to Hydra."""
+    """Exit 2 with one line for an override that cannot compose; each swept value is composed once,
+    the other sweeps' at their first. Other flags (--cfg, ...) and malformed overrides: Hydra's."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return
     overrides = [a for a in argv if not a.startswith("-")]
@@ -73,13 +70,13 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None
         values = [v for arg, o in zip(overrides, parsed, strict=True) if (v := _values(arg, o))]
     except Exception:  # unparsable: Hydra reports it in its own words
         return
-    if config_name != "train":
-        _check_entry_keys(overrides, parsed, config_dir, config_name)
-    # The first job takes every sweep's first value; each other job changes one sweep's value.
     first = [v[0] for v in values]
     jobs = [first] + [[*first[:i], x, *first[i + 1 :]] for i, v in enumerate(values) for x in v[1:]]
-    for job_argv in jobs:
-        _check_job(job_argv, config_dir, config_name, multirun=len(overrides) < len(argv))
+    with hydra.initialize_config_dir(str(config_dir), version_base="1.3"):
+        if config_name != "train":
+            _check_entry_keys(overrides, parsed, config_dir, config_name)
+        for job_argv in jobs:
+            _check_job(job_argv, config_dir, config_name, multirun=len(overrides) < len(argv))
 
 
 def _values(arg: str, o) -> list[str]:
@@ -92,13 +89,13 @@ def _values(arg: str, o) -> list[str]:
 def _check_entry_keys(argv: list[str], parsed: list, config_dir: Path, config_name: str) -> None:
     """A train.py override given to eval, predict or export (Hydra advised `+model=...`, then
     ignored it): whether the entry takes it from the checkpoint, and the entry's keys."""
-    ours = set(_compose(config_dir, config_name))
+    ours = set(hydra.compose(config_name))
     script = config_dir.parent / f"{config_name}.py"
     entry = script.name if script.is_file() else f"cifar_amp.{config_name}"
     groups = {p.name for p in config_dir.iterdir() if p.is_dir()} - {"hydra"}
     for arg, o in zip(argv, parsed, strict=True):
         top = o.key_or_group.split(".")[0].split("@")[0]
-        if top not in ours and top in set(_compose(config_dir, "train")) | groups:
+        if top not in ours and top in set(hydra.compose("train")) | groups:
             what = f"no {top} (a train.py setting)"
             if took := config.FROM_CHECKPOINT.get(top):
                 what = f"{took} from the checkpoint (ckpt_path), not from {top}"
@@ -107,10 +104,10 @@ def _check_entry_keys(argv: list[str], parsed: list, config_dir: Path, config_na
 
 def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bool) -> None:
     try:
-        cfg = _compose(config_dir, config_name, argv, with_hydra=True)
+        cfg = hydra.compose(config_name, argv, return_hydra_config=True)
     except MissingConfigException as e:  # an option of a group that does not exist
         group, _, choice = str(e.missing_cfg_file).rpartition("/")
-        chosen = _given(argv, group) or ""
+        chosen = _override_of(argv, group) or ""
         if choice in chosen:
             valid = e.options or sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
             fail(f"{group}={choice} is not an option; valid: {', '.join(valid)}")
@@ -124,44 +121,30 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
     except ConfigCompositionException as e:
         # Raised inside a config file (a recipe's), the error is the context, not the cause.
         cause, source = e.__cause__ or e.__context__, re.match(r"In '([^']+)/([^'/]+)'", str(e))
+        key = getattr(cause, "full_key", None)
+        bad = next((a for a in argv if a.lstrip("+~").startswith((f"{key}=", f"{key}."))), None)
+        if key and isinstance(cause, ValidationError):
+            fail(f"{bad or key}: {str(cause.msg).splitlines()[0]}")
+        if not (key and isinstance(cause, (KeyError, AttributeError))):  # omegaconf's, by full_key
+            return
+        parent, _, name = key.rpartition(".")
+        valid = sorted(map(str, cause.parent_node or {}))  # the keys where it was looked for
+        keys = ", ".join(valid)
+        if source and not bad:  # a recipe sets it: experiment=cpu_quick sets model.widths
+            option, taker = "=".join(source.groups()), _override_of(argv, parent) or parent
+            fail(f"{option} sets {key}, which {taker} does not take; its keys: {keys}")
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f"did you mean {key.removesuffix(name)}{close[0]}? " if close else ""
+        fail(f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}: {keys}")
     except Exception:  # anything else (syntax, ...): Hydra reports it in its own words
         return
-    else:  # a sweep's sweeper or launcher whose package is missing (Hydra: a traceback, later)
-        sweep = multirun or cfg.hydra.mode == RunMode.MULTIRUN
-        for group in ("sweeper", "launcher") if sweep else ():
-            try:
-                importlib.import_module(cfg.hydra[group]._target_.rpartition(".")[0])
-            except ImportError as e:
-                if missing := missing_package(e):
-                    fail(f"{_given(argv, f'hydra/{group}') or f'hydra/{group}'} needs {missing}")
-        return
-    key = getattr(cause, "full_key", None)
-    bad = next((a for a in argv if a.lstrip("+~").startswith((f"{key}=", f"{key}."))), None)
-    if key and isinstance(cause, ValidationError):
-        fail(f"{bad or key}: {str(cause.msg).splitlines()[0]}")
-    if not (key and isinstance(cause, (KeyError, AttributeError))):  # omegaconf's, by full_key
-        return
-    parent, _, name = key.rpartition(".")
-    option = "=".join(source.groups()) if source and not bad else None  # a recipe set it
-    try:
-        node = _compose(config_dir, config_name, [a for a in argv if a not in (bad, option)])
-        valid = sorted(map(str, OmegaConf.select(node, parent) if parent else node))
-    except Exception:
-        valid = []
-    keys = ", ".join(valid)
-    if option:  # experiment=cpu_quick sets model.widths, which model=small_cnn does not take
-        taker = _given(argv, parent) or parent
-        fail(f"{option} sets {key}, which {taker} does not take; its keys: {keys}")
-    close = difflib.get_close_matches(name, valid, n=1)
-    hint = f"did you mean {key.removesuffix(name)}{close[0]}? " if close else ""
-    fail(f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}: {keys}")
+    for group in ("sweeper", "launcher") if multirun or cfg.hydra.mode == RunMode.MULTIRUN else ():
+        try:  # its package may be missing (Hydra: a traceback, when the sweep starts)
+            importlib.import_module(cfg.hydra[group]._target_.rpartition(".")[0])
+        except ImportError as e:
+            if missing := missing_package(e):
+                fail(f"{_override_of(argv, f'hydra/{group}') or f'hydra/{group}'} needs {missing}")
 
 
-def _given(argv: list[str], key: str) -> str | None:
-    """The user's override of a key or config group (`hydra/launcher=slurm`), if any."""
+def _override_of(argv: list[str], key: str) -> str | None:  # a key or group: hydra/launcher
     return next((a for a in argv if a.lstrip("+~").partition("=")[0] == key), None)
-
-
-def _compose(config_dir: Path, name: str, argv=(), with_hydra: bool = False) -> DictConfig:
-    with hydra.initialize_config_dir(str(config_dir), version_base="1.3"):
-        return hydra.compose(name, overrides=list(argv), return_hydra_config=with_hydra)
