@@ -13,7 +13,6 @@ import hydra
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig, ValidationError
 
@@ -31,8 +30,7 @@ def main(task: Callable[[DictConfig], Any], name: str, schema: type | None = Non
 
 
 def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
-    """One Hydra job: a UserError (or Lightning's MisconfigurationException) is one line, exit 2,
-    unless a configured Hydra callback's class runs jobs (`run_job`: the multirun extra's)."""
+    """One Hydra job: a UserError is one line, exit 2; a Hydra callback's `run_job` may run it."""
 
     @functools.wraps(task)
     def run(cfg: DictConfig):
@@ -60,8 +58,7 @@ def end_process_group() -> None:
 
 
 def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None:
-    """Exit 2 with one line for an override that cannot compose; each swept value is composed once,
-    the other sweeps' at their first. Other flags (--cfg, ...) and malformed overrides: Hydra's."""
+    """Exit 2 with one line for an override that cannot compose; each swept value composed once."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return
     overrides = [a for a in argv if not a.startswith("-")]
@@ -105,10 +102,9 @@ def _check_entry_keys(argv: list[str], parsed: list, config_dir: Path, config_na
 def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bool) -> None:
     try:
         cfg = hydra.compose(config_name, argv, return_hydra_config=True)
-    except MissingConfigException as e:  # an option of a group that does not exist
+    except hydra.MissingConfigException as e:  # an option of a group that does not exist
         group, _, choice = str(e.missing_cfg_file).rpartition("/")
-        chosen = _override_of(argv, group) or ""
-        if choice in chosen:
+        if choice in (chosen := _override_of(argv, group) or ""):
             valid = e.options or sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
             fail(f"{group}={choice} is not an option; valid: {', '.join(valid)}")
         if chosen and group.startswith("hydra/"):  # the option builds on a Hydra plugin's config
@@ -118,7 +114,7 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
             why = "; ".join(why) or "no installed package provides it"
             fail(f"{chosen} needs {group}/{choice}, a config of a Hydra plugin: {why}")
         return  # not the user's choice: Hydra reports it in its own words
-    except ConfigCompositionException as e:
+    except hydra.errors.ConfigCompositionException as e:
         # Raised inside a config file (a recipe's), the error is the context, not the cause.
         cause, source = e.__cause__ or e.__context__, re.match(r"In '([^']+)/([^'/]+)'", str(e))
         key = getattr(cause, "full_key", None)

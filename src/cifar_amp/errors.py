@@ -1,5 +1,4 @@
-"""A UserError is what the entry points print on one line with exit code 2 and no traceback
-(HYDRA_FULL_ERROR=1 shows one); so is a missing package of an extra, with its pip command."""
+"""A UserError, or a missing package of an extra, is one line on stderr, exit 2, no traceback."""
 
 import contextlib
 import functools
@@ -21,17 +20,14 @@ EXIT_CODE = 2
 
 
 class InvalidArgument(ValueError):
-    """A constructor's out-of-range argument: its builder names the config key (`invalid config
-    value for data.batch_size: 0; must be >= 1`)."""
-
     def __init__(self, arg: str, value, rule: str) -> None:
+        """A constructor's bad argument; its builder names the key: `invalid config value for`."""
         super().__init__(f"{arg}: {value}; {rule}")
 
 
 class NestedBuildError(Exception):
-    """An error of a part that a constructor builds (the module, its model), by its config key."""
-
     def __init__(self, key: str, cause: Exception) -> None:
+        """An error of a part a constructor builds (the module, its model), by its config key."""
         super().__init__(f"{key}: {cause}")
         self.key = key
 
@@ -47,35 +43,30 @@ def fail(msg: str) -> None:
 
 @functools.cache
 def declared() -> dict[str, str]:
-    """pyproject.toml's packages, by normalised name -> its pip command (`pip install -e
-    '.[<extra>]'` for an extra's); empty where the project is not installed."""
-    try:
-        lines = importlib.metadata.requires("cifar-amp") or []
-    except importlib.metadata.PackageNotFoundError:
-        return {}
+    """pyproject.toml's packages by normalised name -> pip command; none where not installed."""
     out = {}
-    for line in lines:
-        name, extra = re.match(r"[\w.-]+", line)[0], re.search(r'extra == "([^"]+)"', line)
-        how = f"-e '.[{extra[1]}]'" if extra else f"'{line.split(';')[0].strip()}'"
-        out.setdefault(name.lower().replace("_", "-"), f"pip install {how}")
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        for line in importlib.metadata.requires("cifar-amp") or []:
+            name, extra = re.match(r"[\w.-]+", line)[0], re.search(r'extra == "([^"]+)"', line)
+            how = f"-e '.[{extra[1]}]'" if extra else f"'{line.split(';')[0].strip()}'"
+            out.setdefault(name.lower().replace("_", "-"), f"pip install {how}")
     return out
 
 
 def missing_package(e: BaseException) -> str | None:
     """`<package>, which is not installed here: <pip command>` for an ImportError of a declared
     package (by module name, or named in the message as Lightning's checks do); else None."""
-    if not isinstance(e, ImportError):
-        return None
-    names = e.name.split(".") if e.name else re.findall(r"[`']([A-Za-z][\w-]*)", str(e))
-    for key in (n.lower().replace("_", "-") for n in names):
-        if key in declared() and key != "cifar-amp":
-            return f"{key}, which is not installed here: {declared()[key]}"
+    if isinstance(e, ImportError):
+        names = e.name.split(".") if e.name else re.findall(r"[`']([A-Za-z][\w-]*)", str(e))
+        for key in (n.lower().replace("_", "-") for n in names):
+            if key in declared() and key != "cifar-amp":
+                return f"{key}, which is not installed here: {declared()[key]}"
     return None
 
 
 @contextlib.contextmanager
 def reported():
-    """A UserError, Lightning's MisconfigurationException or a missing_package -> fail."""
+    """A UserError, Lightning's refusal or a missing_package: fail(), unless HYDRA_FULL_ERROR=1."""
     try:
         yield
     except (*REPORTED, ImportError) as e:
