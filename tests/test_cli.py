@@ -6,9 +6,13 @@ import subprocess
 import sys
 
 import pytest
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import open_dict
 
 from cifar_amp import cli, config, errors
-from conftest import CONFIGS, REPO, SHRINK
+from cifar_amp.errors import UserError
+from conftest import CONFIGS, REPO, SHRINK, compose_cfg
 
 
 def run(*args, tmp_path, env=None, timeout=600):
@@ -170,21 +174,23 @@ def test_eval_keys_pass(capsys):
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.slow
-def test_a_bad_value_fails_its_job_alone_and_the_sweep_names_it(tmp_path, tiny_data):
-    r = run(
-        "train.py",
-        "-m",
-        "data.batch_size=16,0",
-        *(o for o in SHRINK if not o.startswith("data.batch_size")),
-        f"data.data_dir={tiny_data}",
-        f"hydra.sweep.dir={tmp_path}/sweep",
-        tmp_path=tmp_path,
-    )
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert (tmp_path / "sweep" / "0" / "metrics.json").is_file()  # the good job ran
-    assert "1 job(s) of the sweep" in r.stderr
-    assert "job 1 (data.batch_size=0): invalid config value for data.batch_size: 0" in r.stderr
+def test_a_sweeps_job_is_the_cores_where_no_hydra_callback_runs_jobs(capsys):
+    # As without the multirun extra: a refusal is one line and exit 2, which ends the sweep.
+    cfg = compose_cfg("train", return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.callbacks = {}
+        cfg.hydra.mode = RunMode.MULTIRUN
+    HydraConfig.instance().set_config(cfg)
+
+    def task(cfg):
+        raise UserError("seed=3: refused")
+
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.job(task)(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    assert e.value.code == 2 and capsys.readouterr().err == "error: seed=3: refused\n"
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """Two CPU processes (DDP over gloo): per-rank sharding, metric reduction across ranks, every
-strategy Lightning offers for them, and Hydra multiruns whose jobs each run on two ranks (one
-of which fails alone)."""
+strategy Lightning offers for them (DDP jobs of a sweep: tests/test_multirun.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 import torch
-from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import StrategyRegistry
-from lightning.pytorch.strategies.launchers import subprocess_script
 from omegaconf import OmegaConf
 
 from cifar_amp import build, cli, metrics
@@ -88,31 +84,6 @@ def test_two_rank_test_metrics_equal_one_rank(make_cfg, tmp_path):
     assert got[metrics.TEST_LOSS] == pytest.approx(ref[metrics.TEST_LOSS], rel=1e-5)
 
 
-@pytest.mark.slow
-def test_multirun_of_ddp_jobs_makes_one_run_dir_per_job(tmp_path, tiny_data):
-    sweep = tmp_path / "sweep"
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
-        "-m",
-        *SHRINK,
-        "trainer=ddp_cpu",
-        f"data.data_dir={tiny_data}",
-        f"hydra.sweep.dir={sweep}",
-        "module.label_smoothing=0.0,0.1",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
-    for job, smoothing in (("0", "0.0"), ("1", "0.1")):
-        assert len(list((sweep / job).rglob("metrics.json"))) == 1
-        # rank 1 ran this job (its own log, in this job's folder), not a sweep of its own
-        assert (sweep / job / "train_ddp_process_1.log").is_file()
-        assert f"label_smoothing: {smoothing}" in (sweep / job / "config.yaml").read_text()
-    assert not (tmp_path / "logs").exists()  # no stray runs/ or multiruns/ from the children
-
-
 PER_STAGE = sorted(n for n in StrategyRegistry if build.per_stage_ranks(n))
 
 
@@ -138,33 +109,6 @@ def test_train_from_python_refuses_ranks_started_per_stage(make_cfg, tmp_path, s
     with pytest.raises(UserError, match=f"trainer.strategy={strategy}: ranks started by"):
         train(cfg)
     assert not (tmp_path / "run").exists()
-
-
-def test_sweep_ranks_keep_lightnings_ranks_and_end_them(monkeypatch):
-    # Lightning's ddp launcher hands the ranks it starts to the module-level name SweepRanks
-    # replaces (a private name: this fails if Lightning stops calling it).
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    # Set, so that launch() leaves this process's threads and environment alone: it would set
-    # OMP_NUM_THREADS here for good, and a later test's forked ranks would then start OpenMP
-    # teams that libgomp cannot run after a fork (they hang).
-    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
-    launcher = subprocess_script._SubprocessScriptLauncher(LightningEnvironment(), 1, 1)
-    ok = subprocess.Popen([sys.executable, "-c", "pass"])
-    monkeypatch.setattr(launcher, "_call_children_scripts", lambda: launcher.procs.append(ok))
-    with cli.SweepRanks() as ranks:
-        assert launcher.launch(lambda: 42) == 42
-    assert ranks.procs == [ok] and ok.returncode == 0 and ranks.failed == ""
-    assert subprocess_script._launch_process_observer.__name__ == "_launch_process_observer"
-
-
-def test_sweep_ranks_name_a_failed_rank_and_kill_one_that_does_not_end(monkeypatch):
-    monkeypatch.setattr(cli, "RANK_GRACE_S", 1.0)
-    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    with cli.SweepRanks() as ranks:
-        ranks.procs += [failing, stuck]
-    assert ranks.failed == "rank 1 of this job exited with code 3"
-    assert stuck.returncode == -signal.SIGKILL
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -224,52 +168,6 @@ def run_in_session(tmp_path, cmd: list[str], env: dict) -> tuple[subprocess.Comp
         os.kill(int(line.split(":")[0]), signal.SIGKILL)
     out, err = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err), left
-
-
-# Raises a UserError on the ranks named by `fail_on` when training starts; a rank that does not
-# fail then finds its peer gone at DDP's first gradient all-reduce.
-FAILING_CALLBACK = """
-from lightning.pytorch import Callback
-from cifar_amp.errors import UserError
-
-class FailOn(Callback):
-    def __init__(self, fail_on: str = "none"):
-        self.fail_on = fail_on
-
-    def on_train_start(self, trainer, pl_module):
-        rank = trainer.global_rank
-        if self.fail_on in ("all", f"rank{rank}"):
-            raise UserError(f"fail_on={self.fail_on}: rank {rank} refuses")
-"""
-
-
-@pytest.mark.slow
-def test_a_ddp_job_that_fails_on_any_rank_fails_alone_and_leaves_no_process(tmp_path, tiny_data):
-    # Lightning's watcher of the ranks SIGKILLed the sweep when a rank exited non-zero, and
-    # left a rank of the next job running with no parent.
-    (tmp_path / "failing_cb.py").write_text(textwrap.dedent(FAILING_CALLBACK))
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
-        "-m",
-        *SHRINK,
-        "trainer=ddp_cpu",
-        "logger=csv",
-        f"data.data_dir={tiny_data}",
-        f"hydra.sweep.dir={tmp_path}/sweep",
-        "+callbacks.fail._target_=failing_cb.FailOn",
-        "+callbacks.fail.fail_on=rank1,all,rank0,none",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(tmp_path)])}
-    r, left = run_in_session(tmp_path, cmd, env)
-    assert left == []
-    assert r.returncode == 2, r.stderr[-3000:]
-    assert "error: 3 job(s) of the sweep" in r.stderr
-    assert "job 0 (+callbacks.fail.fail_on=rank1): fail_on=rank1: rank 1 refuses" in r.stderr
-    assert "job 1 (+callbacks.fail.fail_on=all): fail_on=all: rank " in r.stderr
-    assert "job 2 (+callbacks.fail.fail_on=rank0): fail_on=rank0: rank 0 refuses" in r.stderr
-    assert "Traceback" not in r.stderr
-    assert json.loads((tmp_path / "sweep" / "3" / "metrics.json").read_text())["epochs"] == 1
 
 
 @pytest.mark.slow

@@ -173,7 +173,7 @@ real_count, real_nvml = torch._C._cuda_getDeviceCount, torch.cuda._device_count_
 torch._C._cuda_getDeviceCount = lambda: asked.append("cuda") or real_count()
 torch.cuda._device_count_nvml = lambda *a: asked.append("nvml") or real_nvml(*a)
 import importlib, importlib.util
-import cifar_amp.cli, cifar_amp.training, cifar_amp.pruning  # noqa
+import cifar_amp.cli, cifar_amp.multirun, cifar_amp.training, cifar_amp.pruning  # noqa
 if importlib.util.find_spec("cifar_amp.tracking"):  # the tracking extra, where it is kept
     importlib.import_module("cifar_amp.tracking")
 import hydra_plugins.optuna_asktell_sweeper.sweeper, hydra_plugins.hydra_submitit_launcher  # noqa
