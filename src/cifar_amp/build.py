@@ -95,20 +95,11 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
         if isinstance(s := t.strategy, str):  # a registered name: its class and arguments
             s = dict(StrategyRegistry[s]["init_params"], _target_=StrategyRegistry[s]["strategy"])
         overrides.setdefault("strategy", build(s, "trainer.strategy", start_method="popen"))
-        log.info(
-            f"Ranks started once by re-running this command, as ddp's, not {start}ed per stage"
-        )
-    made = build(
-        t,
-        "trainer",
-        precision=prec.trainer_precision,
-        # cudnn autotuning: on unless the run must be deterministic (null in the config)
-        benchmark=(not t.get("deterministic")) if t.get("benchmark") is None else t.benchmark,
-        callbacks=list(callbacks),
-        logger=list(loggers) or False,
-        default_root_dir=cfg.run_dir,
-        **overrides,
-    )
+        log.info(f"Ranks started once, by re-running this command as ddp's, not by {start}")
+    if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
+        overrides.setdefault("benchmark", not t.get("deterministic"))
+    overrides |= {"precision": prec.trainer_precision, "logger": list(loggers) or False}
+    made = build(t, "trainer", callbacks=list(callbacks), default_root_dir=cfg.run_dir, **overrides)
     cores, cpu = os.cpu_count() or 1, made.strategy.root_device.type == "cpu"
     if cpu and made.num_devices > cores:
         raise UserError(

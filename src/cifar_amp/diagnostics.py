@@ -2,9 +2,10 @@
 
 GradScaler scale and skipped steps, gradient norms and clipping, peak memory, images/s and the
 training loop's seconds, logged once per epoch (so also in metrics.json); at fit start, the
-precision set-up (plugin, autocast dtype and device, GradScaler settings, TF32). Per-step values accumulate in tensors on the training device and are read
-once per epoch, so the training step never waits for the device (no `.item()`, no
-`GradScaler.get_scale()`). Nothing in the core imports this module.
+precision set-up (plugin, autocast dtype and device, GradScaler settings, TF32). Per-step values
+accumulate in tensors on the training device and are read once per epoch, so the training step
+never waits for the device (no `.item()`, no `GradScaler.get_scale()`). Nothing in the core
+imports this module.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class DeepSpeedStrategy(strategies.DeepSpeedStrategy):
 
 def deepspeed_loss_scaler(scaler: GradScaler) -> dict:
     """DeepSpeedStrategy's fp16 loss-scaler arguments for a GradScaler's settings. DeepSpeed's
-    scaler always grows by 2 and backs off by half, from a power of 2: other settings are refused."""
+    scaler always grows by 2 and backs off by half, from a power of 2: others are refused."""
     if not scaler.is_enabled():  # a fixed scale of 1: no scaling
         return {"loss_scale": 1.0}
     s = scaler_settings(scaler)

@@ -30,7 +30,6 @@ class Run:
     trainer: L.Trainer
     datamodule: L.LightningDataModule
     module: L.LightningModule
-    loggers: dict
     resumed: Checkpoint | None  # the checkpoint this run continues, read once
     fit_seconds: float | None = None
     fitted: dict = field(default_factory=dict)  # what fit logged (last values)
@@ -49,9 +48,8 @@ def build_run(cfg: DictConfig) -> Run:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if (start := build.per_stage_ranks(cfg.trainer.strategy)) and not HydraConfig.initialized():
         raise UserError(  # a command starts them once (build.trainer); a script cannot
-            f"trainer.strategy={cfg.trainer.strategy}: ranks started by {start} are new processes "
-            "for each of fit and test, losing the run's CSV log and epoch count; run train.py "
-            "(which starts them once) or use trainer.strategy=ddp from a script"
+            f"trainer.strategy={cfg.trainer.strategy}: ranks started by {start} restart for fit and"
+            " test, losing the CSV log and epoch count; run train.py, or trainer.strategy=ddp here"
         )
     prec, callbacks = build.precision(cfg), build.callbacks(cfg)
     source = checkpoints.resume_source(cfg)
@@ -64,15 +62,13 @@ def build_run(cfg: DictConfig) -> Run:
     callbacks.append(checkpoints.Record(settings, loggers, prec))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     dm = build.datamodule(cfg, prec.layout)
-    # A DataModule of yours need not have `meta`; predict then refuses its checkpoints.
     module = build.module(cfg, dm.num_classes, prec.layout, getattr(dm, "meta", None))
     if resumed:
         resumed.check_fits(module, dm.num_classes)
-    # A callback that starts from other weights (the fine-tuning extra) gets the module now, so
-    # that weights that do not fit stop the run before anything is written.
+    # The fine-tuning extra's callback loads its weights now: a misfit stops the run unwritten.
     for cb in (cb for cb in callbacks if hasattr(cb, "before_run")):
         cb.before_run(module)
-    return Run(cfg, prec, trainer, dm, module, loggers, resumed)
+    return Run(cfg, prec, trainer, dm, module, resumed)
 
 
 @contextlib.contextmanager
@@ -82,7 +78,7 @@ def guard(run: Run):
     safe = torch.serialization.safe_globals(checkpoints.SAFE_TYPES)
     with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None), safe:
         runs.save_config(run.cfg)
-        for lg in run.loggers.values():
+        for lg in run.trainer.loggers:
             lg.log_hyperparams(OmegaConf.to_container(run.cfg, resolve=True))
         yield
 
@@ -110,7 +106,7 @@ def test(run: Run) -> dict:
     return tested(run.trainer) | {metrics.TESTED_CKPT: ckpt or None}
 
 
-def tested(trainer: L.Trainer) -> dict[str, float]:
+def tested(trainer: L.Trainer) -> dict:  # (eval.py's too)
     return {k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
 
 
@@ -120,11 +116,11 @@ def report(run: Run, test_metrics: dict) -> dict:
     head = {metrics.EPOCHS: run.trainer.current_epoch, metrics.FIT_SECONDS: run.fit_seconds}
     best = {metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST)}  # here, null if none
     result = results(run.cfg, run.precision.record() | head | best | fitted | test_metrics)
-    # The loggers have what fit logged; the best validation accuracy (the sweeps' objective) goes
-    # with the outcome too, for their summaries (TensorBoard's HPARAMS tab) to show it.
+    # The loggers have what fit logged; the best validation accuracy (the sweeps' objective)
+    # goes with the outcome too, for their summaries (TensorBoard's HPARAMS tab) to show it.
     numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
     new = {k: v for k, v in numbers.items() if k not in fitted or k == metrics.VAL_ACC_BEST}
-    for lg in run.loggers.values():
+    for lg in run.trainer.loggers:
         if "metrics" in inspect.signature(lg.log_hyperparams).parameters:  # TensorBoard: at once
             config = OmegaConf.to_container(run.cfg, resolve=True)
             lg.log_hyperparams(config, metrics=new, step=step)
@@ -141,7 +137,6 @@ def results(cfg: DictConfig, result: dict) -> dict:
     return result
 
 
-def main(cfg: DictConfig) -> float | None:
-    """Hydra task function: train, return `optimized_metric` for sweepers."""
+def main(cfg: DictConfig) -> float | None:  # for sweepers: `optimized_metric`
     value = train(cfg).get(cfg.optimized_metric)
     return None if value is None else float(value)
