@@ -114,14 +114,14 @@ def report(run: Run, test_metrics: dict) -> dict:
     """`<run_dir>/metrics.json`, and its numbers to every logger, whose run then ends."""
     fitted, step = run.fitted, run.trainer.global_step
     head = {metrics.EPOCHS: run.trainer.current_epoch, metrics.FIT_SECONDS: run.fit_seconds}
-    best = {metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST)}  # here, null if none
+    best = {metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST)}  # null without validation
     result = results(run.cfg, run.precision.record() | head | best | fitted | test_metrics)
-    # The loggers have what fit logged; the best validation accuracy (the sweeps' objective)
-    # goes with the outcome too, for their summaries (TensorBoard's HPARAMS tab) to show it.
+    # The loggers have what fit logged; the rest and the best validation accuracy (the sweeps'
+    # objective) go with the hyperparameters where a logger takes both (TensorBoard's HPARAMS).
     numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
     new = {k: v for k, v in numbers.items() if k not in fitted or k == metrics.VAL_ACC_BEST}
     for lg in run.trainer.loggers:
-        if "metrics" in inspect.signature(lg.log_hyperparams).parameters:  # TensorBoard: at once
+        if "metrics" in inspect.signature(lg.log_hyperparams).parameters:
             config = OmegaConf.to_container(run.cfg, resolve=True)
             lg.log_hyperparams(config, metrics=new, step=step)
         else:
