@@ -461,9 +461,8 @@ def auto_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms: dic
     names = A.candidates(dev.type, *A.capabilities(dev))
     batch = next(iter(dm.train_dataloader()))  # as the probe takes it in a run
     start = time.perf_counter()
-    strategy = type(trainer.strategy)
     found = A.probe(
-        module, batch, names, lambda n: prec.plugin(strategy, dev.type, n), dev, prec.probe_seconds
+        module, batch, names, lambda n: prec.plugin(dev.type, n), dev, prec.probe_seconds
     )
     seconds = time.perf_counter() - start
     _release()

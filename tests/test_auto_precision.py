@@ -12,14 +12,9 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import DeepSpeedPrecision, FSDPPrecision, MixedPrecision
+from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.plugins.precision import Precision as Plugin
-from lightning.pytorch.strategies import (
-    DDPStrategy,
-    DeepSpeedStrategy,
-    FSDPStrategy,
-    SingleDeviceStrategy,
-)
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from torch import nn
 
 from cifar_amp import autoprecision as A
@@ -100,7 +95,7 @@ def test_probe_keeps_to_its_budget_on_a_slow_step_and_rejects_nan():
         Sleepy(nan_in=torch.bfloat16),
         batch,
         ["32-true", "bf16-mixed"],
-        lambda name: prec.plugin(SingleDeviceStrategy, "cpu", name),
+        lambda name: prec.plugin("cpu", name),
         cpu,
         budget=0.5,
     )
@@ -139,7 +134,7 @@ def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeyp
         "precision_probe/16-mixed": None,
     }
     assert "16-mixed 300 images/s (loss not finite) -> bf16-mixed" in caplog.text
-    assert "Precision: bf16-mixed: bfloat16 autocast on cpu" in caplog.text
+    assert "Precision: bf16-mixed, chosen at fit start" in caplog.text
 
 
 def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
@@ -185,18 +180,12 @@ def test_auto_with_clipping_and_a_fused_optimizer_is_refused(make_cfg):
         )
 
 
-@pytest.mark.parametrize(
-    "strategy", [SingleDeviceStrategy, DDPStrategy, FSDPStrategy, DeepSpeedStrategy]
-)
-def test_auto_candidates_get_their_strategys_plugin(strategy):
-    made = {name: A.AutoPrecision().plugin(strategy, "cpu", name) for name in A.SAFEST_FIRST}
-    expected = {FSDPStrategy: FSDPPrecision, DeepSpeedStrategy: DeepSpeedPrecision}
+def test_auto_candidates_get_their_plugins():
+    # (FSDP and DeepSpeed: auto refuses them, below)
+    made = {name: A.AutoPrecision().plugin("cpu", name) for name in A.SAFEST_FIRST}
     for name, plugin in made.items():
         assert plugin.precision == name
-        if strategy in expected:
-            assert type(plugin) is expected[strategy]
-        else:
-            assert type(plugin) is (Plugin if name == "32-true" else MixedPrecision)
+        assert type(plugin) is (Plugin if name == "32-true" else MixedPrecision)
 
 
 @pytest.mark.parametrize("strategy", [FSDPStrategy, DeepSpeedStrategy])

@@ -7,14 +7,17 @@ import pickle
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import lightning.pytorch.accelerators
 import pytest
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
 from cifar_amp import build, errors, runs
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
+from cifar_amp.precision import Precision
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
 
@@ -103,6 +106,19 @@ def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):
         match="precision=bf16-mixed: Tesla V100 has no bfloat16 support; valid here: 16-mixed",
     ):
         build.trainer(cfg)
+
+
+@pytest.mark.parametrize("strategy", [FSDPStrategy, DeepSpeedStrategy])
+def test_16_mixed_with_lightnings_sharding_strategies_is_refused(strategy):
+    # They take only their own plugins, made from the Trainer's precision name, which would drop
+    # precision.scaler; the sharding extra's strategies take ours (tests/test_sharding.py).
+    trainer = SimpleNamespace(strategy=object.__new__(strategy))  # Lightning refuses FSDP on CPU
+    with pytest.raises(
+        UserError,
+        match=f"precision=16-mixed with {strategy.__name__} would lose precision.scaler; use "
+        "trainer=fsdp or trainer=deepspeed",
+    ):
+        Precision("16-mixed").setup(trainer)
 
 
 def _break_data(folder, how):

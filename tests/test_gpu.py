@@ -1,7 +1,7 @@
 """On CUDA: every precision mode trains with the dtypes it promises, the GradScaler backs off
 on overflow, 16-bit modes run channels_last, TF32 follows its setting, and activation
-checkpointing lowers peak device memory, FSDP trains with the precision choice's plugin.
-`pytest -m gpu`; skipped without CUDA."""
+checkpointing lowers peak device memory (FSDP: tests/test_sharding.py). `pytest -m gpu`; skipped
+without CUDA."""
 
 from __future__ import annotations
 
@@ -121,34 +121,31 @@ def test_fp16_overflow_backs_off_the_scale_on_cuda(make_cfg):
         ("16-mixed", False, False),
     ],
 )
-def test_channels_last_is_in_effect_for_16_bit_modes(make_cfg, mode, setting, nhwc):
+def test_channels_last_is_in_effect_for_16_bit_modes(make_cfg, mode, setting, nhwc, caplog):
     needs(mode)
     layout = [] if setting is None else [f"precision.channels_last={str(setting).lower()}"]
     cfg = make_cfg(*ON_CUDA, f"precision={mode}", *layout, "trainer.max_steps=2")
     rec = Record()
-    trainer, module, prec = fit(cfg, rec)
+    with caplog.at_level(logging.INFO, logger="cifar_amp.precision"):
+        _, module, _ = fit(cfg, rec)
     conv = next(m for m in module.net.modules() if isinstance(m, torch.nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last) is nhwc
     assert rec.batches_nhwc == [nhwc] * 2  # every batch, laid out by the data
     assert all(v is nhwc for v in rec.conv_out_nhwc) and rec.conv_out_nhwc
-    wanted = "channels_last (network and batches)" if nhwc else "contiguous (NCHW)"
-    assert f"layout {wanted}" in prec.describe(trainer)
+    assert f"Precision: {mode}, layout {'channels_last' if nhwc else 'NCHW'}, TF32" in caplog.text
 
 
 @pytest.mark.parametrize("tf32", [True, False])
-def test_tf32_follows_its_setting_and_is_stated(make_cfg, tf32):
+def test_tf32_follows_its_setting_and_is_stated(make_cfg, tf32, caplog):
+    # Whether the GPU has TF32 cores at all (Ampere or newer): the diagnostics extra's line.
     before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:
         cfg = make_cfg(*ON_CUDA, "precision=32-true", f"precision.tf32={str(tf32).lower()}")
-        prec = build.precision(cfg)
-        trainer = build.trainer(cfg, prec, [], [])
+        with caplog.at_level(logging.INFO, logger="cifar_amp.precision"):
+            build.trainer(cfg, build.precision(cfg), [], [])
         assert torch.backends.cudnn.allow_tf32 is tf32
         assert torch.backends.cuda.matmul.allow_tf32 is tf32
-        line = prec.describe(trainer)
-        if torch.cuda.get_device_capability()[0] >= 8:
-            assert ("TF32 on" if tf32 else "TF32 off (strict") in line
-        else:
-            assert "TF32 n/a" in line
+        assert f"Precision: 32-true, layout NCHW, TF32 {'on' if tf32 else 'off'}" in caplog.text
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
@@ -183,35 +180,3 @@ def test_activation_checkpointing_lowers_peak_cuda_memory():
     assert stages < 0.7 * plain and every < 0.7 * plain, (plain, stages, every)
     # The high-resolution stages are the ones that pay: the last one alone saves little.
     assert stages < 0.85 * plain < late <= 1.05 * plain, (plain, stages, late)
-
-
-@pytest.mark.parametrize("mode", ["16-mixed", "bf16-mixed"])
-def test_fsdp_trains_with_the_plugin_of_the_precision_choice(make_cfg, mode, caplog):
-    needs(mode)
-    scaler = ["precision.scaler.init_scale=1024"] if mode == "16-mixed" else []
-    cfg = make_cfg(
-        "trainer=fsdp",
-        "trainer.devices=1",
-        "callbacks=none",
-        "test=false",
-        f"precision={mode}",
-        *scaler,
-        "trainer.max_steps=3",
-    )
-    rec = Record()
-    try:
-        with caplog.at_level(logging.INFO):
-            trainer, _, _ = fit(cfg, rec)
-    finally:  # FSDP's one-rank process group would outlive the test
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-    plugin = trainer.precision_plugin
-    assert type(trainer.strategy).__name__ == "FSDPStrategy"
-    assert type(plugin).__name__ == "FSDPPrecision" and plugin.precision == mode
-    assert rec.outputs == {DTYPES[mode][1]}
-    assert len(rec.losses) == 3 and all(math.isfinite(v) for v in rec.losses), rec.losses
-    if mode == "16-mixed":
-        assert type(plugin.scaler).__name__ == "ShardedGradScaler"
-        assert "ShardedGradScaler(init_scale=1024" in caplog.text  # the fit-start line
-    else:
-        assert plugin.scaler is None

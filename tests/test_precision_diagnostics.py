@@ -1,6 +1,7 @@
 import json
 import logging
 import math
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -111,6 +112,51 @@ def test_true_half_precision_parameters_are_counted(make_cfg, caplog):
     text = fit_start_log(make_cfg, caplog, "bf16-true")
     assert "Parameter dtypes: bfloat16: 8 tensors" in text
     assert "Conv2d -> bfloat16" in text
+
+
+def test_the_fit_start_line_names_an_fsdp_plugin_and_its_scaler():
+    # As the sharding extra makes them (sharding.py), built here without it.
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    plugin = FSDPPrecision("16-mixed")
+    plugin.scaler = ShardedGradScaler(
+        "cpu", init_scale=1024.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=7
+    )
+    line = D.describe_plugin(SimpleNamespace(precision_plugin=plugin, precision="16-mixed"))
+    assert line == (
+        "16-mixed: float16 autocast on cuda (FSDPPrecision), ShardedGradScaler(init_scale=1024, "
+        "growth_factor=4, backoff_factor=0.25, growth_interval=7)"
+    )
+    bf16 = FSDPPrecision("bf16-mixed")
+    line = D.describe_plugin(SimpleNamespace(precision_plugin=bf16, precision="bf16-mixed"))
+    assert line == "bf16-mixed: bfloat16 autocast on cuda (FSDPPrecision), no GradScaler"
+
+
+@pytest.mark.parametrize(
+    "capability, tf32, said",
+    [
+        ((9, 0), False, "; TF32 off (strict IEEE float32)"),
+        (
+            (9, 0),
+            True,
+            "; TF32 on (float32 convolutions and matmuls; precision.tf32=false: strict)",
+        ),
+        ((7, 5), True, "; TF32 n/a (needs Ampere or newer)"),
+    ],
+)
+def test_the_fit_start_line_says_whether_float32_runs_on_tf32(monkeypatch, capability, tf32, said):
+    """On a (faked) GPU, after the core has set the switches from precision.tf32."""
+    from lightning.pytorch.plugins.precision import Precision as Plain
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    cuda = SimpleNamespace(root_device=torch.device("cuda", 0))
+    trainer = SimpleNamespace(strategy=cuda, precision_plugin=Plain(), precision="32-true")
+    before, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, tf32
+    try:
+        assert D.describe(trainer) == "32-true: Precision, no autocast, no GradScaler" + said
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def test_fused_optimizer_under_16_mixed_reports_the_unscaled_norm(make_cfg, tmp_path):

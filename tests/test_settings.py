@@ -78,39 +78,45 @@ def test_channels_last_follows_the_precision_unless_set(name, device, expected):
     assert Precision(name, channels_last=not expected).channels_last(device) is (not expected)
 
 
-def test_tf32_is_explicit_and_reported(make_cfg, monkeypatch):
-    """Set up for a (faked) Hopper GPU: the switches follow precision.tf32 and the log says so."""
+def precision_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Precision: ")]
+
+
+def test_tf32_is_explicit_and_reported(make_cfg, caplog):
+    """Set up for a (faked) GPU: the switches follow precision.tf32 and the log says so."""
     from types import SimpleNamespace
 
-    from lightning.pytorch.plugins.precision import Precision as Plain
-
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    cuda = SimpleNamespace(root_device=torch.device("cuda", 0))
-    trainer = SimpleNamespace(strategy=cuda, precision_plugin=Plain(), precision="32-true")
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
     before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:
-        (strict := Precision("32-true", tf32=False)).setup(trainer)
-        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
-        assert strict.describe(trainer).endswith("; TF32 off (strict IEEE float32)")
-        (tf32 := Precision("32-true", tf32=True)).setup(trainer)
-        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
-        assert "; TF32 on (float32 convolutions and matmuls" in tf32.describe(trainer)
+        with caplog.at_level("INFO", logger="cifar_amp.precision"):
+            Precision("32-true", tf32=False).setup(trainer)
+            assert not torch.backends.cudnn.allow_tf32
+            assert not torch.backends.cuda.matmul.allow_tf32
+            Precision("32-true", tf32=True).setup(trainer)
+            assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+    assert precision_lines(caplog) == [
+        "Precision: 32-true, layout NCHW, TF32 off",
+        "Precision: 32-true, layout NCHW, TF32 on",
+    ]
+    caplog.clear()
     cfg = make_cfg()
-    prec = build.precision(cfg)
-    assert prec.describe(build.trainer(cfg, prec)).endswith(
-        "layout channels_last (network and batches)"
-    )
-    prec = build.precision(make_cfg("precision.channels_last=false"))
-    assert prec.describe(build.trainer(cfg, prec)).endswith("layout contiguous (NCHW)")
+    with caplog.at_level("INFO", logger="cifar_amp.precision"):
+        build.trainer(cfg, build.precision(cfg))
+        build.trainer(cfg, build.precision(make_cfg("precision.channels_last=false")))
+    assert precision_lines(caplog) == [
+        "Precision: 32-true, layout channels_last",  # no TF32 off CUDA
+        "Precision: 32-true, layout NCHW",
+    ]
 
 
 def test_the_layout_is_stated_and_a_datamodule_that_cannot_follow_is_named(make_cfg, caplog):
     cfg = make_cfg("precision=bf16-mixed", "precision.channels_last=true")
-    prec = build.precision(cfg)
-    line = prec.describe(build.trainer(cfg, prec, [], []))
-    assert line.endswith("; layout channels_last (network and batches)")  # no TF32 off CUDA
+    with caplog.at_level("INFO", logger="cifar_amp.precision"):
+        build.trainer(cfg, build.precision(cfg), [], [])
+    assert precision_lines(caplog) == ["Precision: bf16-mixed, layout channels_last"]
     cfg.data = {"_target_": "lightning.pytorch.demos.boring_classes.BoringDataModule"}
     with caplog.at_level("WARNING", logger="cifar_amp.build"):
         build.datamodule(cfg, channels_last=True)

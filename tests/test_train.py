@@ -7,6 +7,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 from cifar_amp import build, metrics
 from cifar_amp.evaluation import evaluate
@@ -55,16 +56,18 @@ def test_16_mixed_on_cpu_is_float16_with_a_real_scaler(make_cfg):
     cfg = make_cfg(
         "precision=16-mixed",
         "precision.scaler.init_scale=1024",
+        "precision.scaler.growth_factor=4",
+        "precision.scaler.backoff_factor=0.25",
         "precision.scaler.growth_interval=7",
     )
-    prec = build.precision(cfg)
-    trainer = build.trainer(cfg, prec)
-    plugin = trainer.precision_plugin
+    plugin = build.trainer(cfg, build.precision(cfg)).precision_plugin
+    assert type(plugin) is MixedPrecision and type(plugin.scaler) is torch.amp.GradScaler
     assert plugin.device == "cpu" and plugin.precision == "16-mixed"
     with plugin.forward_context():
         assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float16
-    assert plugin.scaler.get_scale() == 1024 and plugin.scaler.get_growth_interval() == 7
-    assert prec.describe(trainer).startswith("16-mixed: float16 autocast on cpu")
+    sc = plugin.scaler
+    assert sc.is_enabled() and sc.get_scale() == 1024 and sc.get_growth_interval() == 7
+    assert sc.get_growth_factor() == 4 and sc.get_backoff_factor() == 0.25
 
 
 class Recorder(L.Callback):

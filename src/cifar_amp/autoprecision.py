@@ -259,22 +259,15 @@ class AutoPrecision(Precision):
                 f"precision=auto does not probe under {strategy.__name__}; choose a mode: "
                 "precision=bf16-mixed, 16-mixed or 32-true"
             )
-        super().setup(trainer)
+        super().setup(trainer)  # its log line: "Precision: auto, ..." until the probe chooses
         if self.name == AUTO:
             trainer.callbacks.append(Probe(self))
-
-    def announce(self, trainer) -> None:
-        if self.name != AUTO:
-            return super().announce(trainer)
-        layout = "channels_last" if self.layout else "contiguous (NCHW)"
-        log.info("Precision: auto, chosen at fit start by a probe (layout %s)", layout)
 
     def use(self, trainer, name: str) -> None:
         """Run the rest of the fit in mode `name` (before the strategy's set-up)."""
         self.name = name
-        device = trainer.strategy.root_device.type
-        trainer.strategy.precision_plugin = self.plugin(type(trainer.strategy), device, name)
-        log.info("Precision: %s", self.describe(trainer))
+        trainer.strategy.precision_plugin = self.plugin(trainer.strategy.root_device.type, name)
+        log.info("Precision: %s, chosen at fit start", name)
 
 
 class Probe(Callback):
@@ -299,7 +292,7 @@ class Probe(Callback):
             pl_module,
             first_batch(trainer),
             names,
-            lambda name: prec.plugin(type(trainer.strategy), device.type, name),
+            lambda name: prec.plugin(device.type, name),
             device,
             prec.probe_seconds,
         )

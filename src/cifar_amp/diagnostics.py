@@ -2,9 +2,10 @@
 
 GradScaler scale and skipped steps, gradient norms and clipping, peak memory, images/s and the
 training loop's seconds, logged once per epoch (so also in metrics.json); at fit start, the
-precision set-up. Per-step values accumulate in tensors on the training device and are read
-once per epoch, so the training step never waits for the device (no `.item()`, no
-`GradScaler.get_scale()`). Nothing in the core imports this module.
+precision set-up (plugin, autocast dtype and device, GradScaler settings, TF32). Per-step values
+accumulate in tensors on the training device and are read once per epoch, so the training step
+never waits for the device (no `.item()`, no `GradScaler.get_scale()`). Nothing in the core
+imports this module.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from collections import Counter, defaultdict
 
 import torch
 from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision, FSDPPrecision, MixedPrecision
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-
-from cifar_amp.precision import describe_plugin
 
 SCALE = "precision/scale"  # GradScaler scale at epoch end (16-mixed only)
 SKIPPED_STEPS = "precision/skipped_steps"  # steps skipped for inf/nan grads, since fit start
@@ -111,7 +110,7 @@ class PrecisionDiagnostics(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._skipped = torch.zeros((), device=pl_module.device)
         self._reset_epoch(pl_module)  # a resume mid-epoch gets no on_train_epoch_start
-        rank_zero_info(f"Precision plugin: {describe_plugin(trainer)}")
+        rank_zero_info(f"Precision plugin: {describe(trainer)}")
         tensors, values = Counter(), Counter()
         for p in pl_module.parameters():
             dtype = str(p.dtype).removeprefix("torch.")
@@ -281,3 +280,45 @@ def _scaler(trainer: Trainer):
     plugin = trainer.precision_plugin
     scaler = plugin.scaler if isinstance(plugin, MixedPrecision) else None
     return scaler if scaler is not None and scaler.is_enabled() else None
+
+
+def describe(trainer: Trainer) -> str:
+    """One line: the precision plugin in use, its autocast dtype and device, the GradScaler's
+    settings, and on CUDA whether float32 runs on TF32 cores."""
+    return describe_plugin(trainer) + _tf32(trainer.strategy.root_device)
+
+
+def describe_plugin(trainer: Trainer) -> str:
+    """One line: the precision plugin in use, its autocast dtype and scaler settings."""
+    plugin = trainer.precision_plugin
+    mixed = getattr(plugin, "precision", None) in ("16-mixed", "bf16-mixed")
+    if not (mixed and isinstance(plugin, (MixedPrecision, FSDPPrecision, DeepSpeedPrecision))):
+        return f"{trainer.precision}: {type(plugin).__name__}, no autocast, no GradScaler"
+    dtype = "bfloat16" if plugin.precision == "bf16-mixed" else "float16"
+    if isinstance(plugin, DeepSpeedPrecision):
+        return (
+            f"{plugin.precision}: DeepSpeed's {dtype} engine and loss scaler (DeepSpeedPrecision)"
+        )
+    # FSDP autocasts on CUDA only (and gathers its sharded parameters in `dtype`)
+    device = getattr(plugin, "device", "cuda")
+    text, sc = (
+        f"{plugin.precision}: {dtype} autocast on {device} ({type(plugin).__name__})",
+        plugin.scaler,
+    )
+    if sc is None or not sc.is_enabled():
+        return text + (", no GradScaler" if sc is None else ", GradScaler disabled")
+    return (
+        f"{text}, {type(sc).__name__}(init_scale={sc.get_scale():g}, "
+        f"growth_factor={sc.get_growth_factor():g}, backoff_factor={sc.get_backoff_factor():g}, "
+        f"growth_interval={sc.get_growth_interval()})"
+    )
+
+
+def _tf32(device: torch.device) -> str:
+    if device.type != "cuda":
+        return ""
+    if torch.cuda.get_device_capability(device)[0] < 8:
+        return "; TF32 n/a (needs Ampere or newer)"
+    if torch.backends.cuda.matmul.allow_tf32:
+        return "; TF32 on (float32 convolutions and matmuls; precision.tf32=false: strict)"
+    return "; TF32 off (strict IEEE float32)"

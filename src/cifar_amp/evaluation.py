@@ -1,11 +1,6 @@
 """Test a checkpoint from a composed config. `eval.py` hands over here."""
 
-from __future__ import annotations
-
-import json
-import logging
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 from omegaconf import DictConfig
@@ -13,11 +8,10 @@ from omegaconf import DictConfig
 from cifar_amp import build, metrics, runs
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
+from cifar_amp.training import results, tested
 
-log = logging.getLogger(__name__)
 
-
-def evaluate(cfg: DictConfig) -> dict[str, Any]:
+def evaluate(cfg: DictConfig) -> dict:
     """Test `cfg.ckpt_path` on the test split; write and return `<run_dir>/metrics.json`."""
     if not cfg.ckpt_path:
         raise UserError("ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/last.ckpt")
@@ -31,11 +25,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     ckpt.check_fits(module, dm.num_classes)
     runs.save_config(cfg)
     trainer.test(module, datamodule=dm)
-    result = {k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
-    result |= {metrics.PRECISION: prec.name, "ckpt_path": str(Path(cfg.ckpt_path).resolve())}
-    runs.write_json(Path(cfg.run_dir) / "metrics.json", result)
-    log.info("Results: %s", json.dumps(result))
-    return result
+    path = str(Path(cfg.ckpt_path).resolve())
+    return results(cfg, tested(trainer) | {metrics.PRECISION: prec.name, "ckpt_path": path})
 
 
 def main(cfg: DictConfig) -> float:

@@ -1,6 +1,4 @@
-"""Train (then test the best checkpoint) from a composed config. `train.py` hands over here."""
-
-from __future__ import annotations
+"""Train, then test the best checkpoint, from a composed config. `train.py` hands over here."""
 
 import contextlib
 import inspect
@@ -10,7 +8,6 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
@@ -33,33 +30,28 @@ class Run:
     trainer: L.Trainer
     datamodule: L.LightningDataModule
     module: L.LightningModule
-    loggers: dict[str, Any]
     resumed: Checkpoint | None  # the checkpoint this run continues, read once
     fit_seconds: float | None = None
-    fitted: dict[str, Any] = field(default_factory=dict)  # what fit logged (last values)
+    fitted: dict = field(default_factory=dict)  # what fit logged (last values)
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: DictConfig) -> dict:
     """Fit, test the best checkpoint, write `<run_dir>/metrics.json`; return those metrics."""
     run = build_run(cfg)
     with guard(run):
         fit(run)
-        tested = test(run)
-        return report(run, tested)
+        return report(run, test(run))
 
 
 def build_run(cfg: DictConfig) -> Run:
     """Everything the run needs, range-checked, and the resume checked; nothing is written yet."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    start = build.per_stage_ranks(cfg.trainer.strategy)
-    if start and not HydraConfig.initialized():  # a command starts such ranks once (build)
-        raise UserError(
-            f"trainer.strategy={cfg.trainer.strategy}: ranks started by {start} are new "
-            "processes for each of fit and test, so the run's CSV log and epoch count would be "
-            "lost; run train.py (which starts them once) or use trainer.strategy=ddp from a script"
+    if (start := build.per_stage_ranks(cfg.trainer.strategy)) and not HydraConfig.initialized():
+        raise UserError(  # a command starts them once (build.trainer); a script cannot
+            f"trainer.strategy={cfg.trainer.strategy}: ranks started by {start} restart for fit and"
+            " test, losing the CSV log and epoch count; run train.py, or trainer.strategy=ddp here"
         )
-    prec = build.precision(cfg)
-    callbacks = build.callbacks(cfg)
+    prec, callbacks = build.precision(cfg), build.callbacks(cfg)
     source = checkpoints.resume_source(cfg)
     resumed = Checkpoint(source, trust=cfg.trust_checkpoint) if source else None
     settings = checkpoints.run_settings(cfg)
@@ -70,41 +62,32 @@ def build_run(cfg: DictConfig) -> Run:
     callbacks.append(checkpoints.Record(settings, loggers, prec))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     dm = build.datamodule(cfg, prec.layout)
-    # A DataModule of yours need not have `meta`; predict then refuses its checkpoints.
     module = build.module(cfg, dm.num_classes, prec.layout, getattr(dm, "meta", None))
     if resumed:
         resumed.check_fits(module, dm.num_classes)
-    # A callback that starts the run from other weights (the fine-tuning extra) gets the built
-    # module now, so that weights that do not fit stop the run before anything is written.
-    for cb in callbacks:
-        if hasattr(cb, "before_run"):
-            cb.before_run(module)
-    return Run(cfg, prec, trainer, dm, module, loggers, resumed)
+    # The fine-tuning extra's callback loads its weights now: a misfit stops the run unwritten.
+    for cb in (cb for cb in callbacks if hasattr(cb, "before_run")):
+        cb.before_run(module)
+    return Run(cfg, prec, trainer, dm, module, resumed)
 
 
 @contextlib.contextmanager
 def guard(run: Run):
     """Hold the run dir (refused if another run holds or used it), record the resolved config
-    there and give it to every logger."""
-    with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None):
+    there and give it to every logger; checkpoints load as data only (checkpoints.py)."""
+    safe = torch.serialization.safe_globals(checkpoints.SAFE_TYPES)
+    with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None), safe:
         runs.save_config(run.cfg)
-        config = OmegaConf.to_container(run.cfg, resolve=True)
-        for lg in run.loggers.values():
-            lg.log_hyperparams(config)
+        for lg in run.trainer.loggers:
+            lg.log_hyperparams(OmegaConf.to_container(run.cfg, resolve=True))
         yield
 
 
 def fit(run: Run) -> None:
-    start = time.perf_counter()
+    start, ckpt = time.perf_counter(), run.resumed and run.resumed.path
     trust = run.cfg.trust_checkpoint
     try:
-        with torch.serialization.safe_globals(checkpoints.SAFE_TYPES):
-            run.trainer.fit(
-                run.module,
-                datamodule=run.datamodule,
-                ckpt_path=run.resumed and run.resumed.path,
-                weights_only=not trust,
-            )
+        run.trainer.fit(run.module, run.datamodule, ckpt_path=ckpt, weights_only=not trust)
     except SIGTERMException as e:  # the shell's code for a run a signal stopped: 128 + it
         # (the reliability extra has saved last.ckpt and said how to resume; it sets `signum`)
         raise SystemExit(128 + getattr(e, "signum", signal.SIGTERM)) from None
@@ -112,58 +95,48 @@ def fit(run: Run) -> None:
     run.fitted = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
 
 
-def test(run: Run) -> dict[str, Any]:
+def test(run: Run) -> dict:
     """Test the best checkpoint (the final weights where there is none)."""
     if not run.cfg.test:
         return {}
     cb = run.trainer.checkpoint_callback
-    ckpt = cb.best_model_path if cb else ""
-    if not ckpt:
+    if not (ckpt := cb and cb.best_model_path):
         log.warning("No best checkpoint (no validation?): testing the final weights")
-    with torch.serialization.safe_globals(checkpoints.SAFE_TYPES):
-        run.trainer.test(
-            run.module, datamodule=run.datamodule, ckpt_path=ckpt or None, weights_only=True
-        )
-    found = run.trainer.callback_metrics
-    tested = {k: float(found[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
-    return tested | {metrics.TESTED_CKPT: ckpt or None}
+    run.trainer.test(run.module, run.datamodule, ckpt_path=ckpt or None, weights_only=True)
+    return tested(run.trainer) | {metrics.TESTED_CKPT: ckpt or None}
 
 
-def report(run: Run, tested: dict[str, Any]) -> dict[str, Any]:
+def tested(trainer: L.Trainer) -> dict:  # (eval.py's too)
+    return {k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
+
+
+def report(run: Run, test_metrics: dict) -> dict:
     """`<run_dir>/metrics.json`, and its numbers to every logger, whose run then ends."""
-    result = {
-        **run.precision.record(),
-        metrics.EPOCHS: run.trainer.current_epoch,
-        metrics.FIT_SECONDS: run.fit_seconds,
-        metrics.VAL_ACC_BEST: run.fitted.get(metrics.VAL_ACC_BEST),
-        **run.fitted,
-        **tested,
-    }
-    runs.write_json(Path(run.cfg.run_dir) / "metrics.json", result)
-    numbers = {
-        k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-    # The loggers have the rest; the best validation accuracy (the sweeps' objective) goes with
-    # the outcome, so that their summaries (TensorBoard's HPARAMS tab) show it beside test's.
-    new = {k: v for k, v in numbers.items() if k not in run.fitted or k == metrics.VAL_ACC_BEST}
-    for lg in run.loggers.values():
-        # A logger that takes metrics with the hyperparameters (TensorBoard: its HPARAMS tab
-        # needs both at once) gets them so.
+    fitted, step = run.fitted, run.trainer.global_step
+    head = {metrics.EPOCHS: run.trainer.current_epoch, metrics.FIT_SECONDS: run.fit_seconds}
+    best = {metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST)}  # null without validation
+    result = results(run.cfg, run.precision.record() | head | best | fitted | test_metrics)
+    # The loggers have what fit logged; the rest and the best validation accuracy (the sweeps'
+    # objective) go with the hyperparameters where a logger takes both (TensorBoard's HPARAMS).
+    numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
+    new = {k: v for k, v in numbers.items() if k not in fitted or k == metrics.VAL_ACC_BEST}
+    for lg in run.trainer.loggers:
         if "metrics" in inspect.signature(lg.log_hyperparams).parameters:
-            lg.log_hyperparams(
-                OmegaConf.to_container(run.cfg, resolve=True),
-                metrics=new,
-                step=run.trainer.global_step,
-            )
+            config = OmegaConf.to_container(run.cfg, resolve=True)
+            lg.log_hyperparams(config, metrics=new, step=step)
         else:
-            lg.log_metrics(new, step=run.trainer.global_step)
-        # The job's last call: Lightning's "finished" (its "success" ends each stage).
-        lg.finalize("finished")
+            lg.log_metrics(new, step=step)
+        lg.finalize("finished")  # the job's last call (Lightning's "success" ends each stage)
+    return result
+
+
+def results(cfg: DictConfig, result: dict) -> dict:
+    """`result`, written to `<run_dir>/metrics.json` and logged."""
+    runs.write_json(Path(cfg.run_dir) / "metrics.json", result)
     log.info("Results: %s", json.dumps(result))
     return result
 
 
-def main(cfg: DictConfig) -> float | None:
-    """Hydra task function: train, return `optimized_metric` for sweepers."""
+def main(cfg: DictConfig) -> float | None:  # for sweepers: `optimized_metric`
     value = train(cfg).get(cfg.optimized_metric)
     return None if value is None else float(value)
