@@ -21,9 +21,8 @@ AUGMENT = Augment()  # flip + 4-pixel translate
 
 
 def read_batch(path: Path, classes: int = 0) -> tuple[np.ndarray, np.ndarray | None, str | None]:
-    """One file in CIFAR's python format -> (N, 3, 32, 32) uint8 images, (N,) int64 labels and
-    their key (None, None for a file without labels, unless `classes` > 0 asks for labels in
-    [0, classes)); a one-line UserError names the file and what is wrong."""
+    """A file in CIFAR's python format -> (N, 3, 32, 32) uint8 images, (N,) int64 labels (in
+    [0, classes) if `classes` > 0, else maybe None) and their key; a UserError names the file."""
     if not path.is_file():
         raise UserError(f"missing data file {path}")
     try:
@@ -50,8 +49,6 @@ def read_batch(path: Path, classes: int = 0) -> tuple[np.ndarray, np.ndarray | N
 
 @dataclass(frozen=True)
 class Spec:
-    """A data set in CIFAR's format: where to get it, how to read and describe it."""
-
     tv: type  # the torchvision class whose url, md5, folder and file names we reuse
     label_key: str  # of the batch files
     mean: tuple[float, float, float]
@@ -85,15 +82,14 @@ class Spec:
             except Exception as e:  # URLError, timeouts, checksum mismatch: all mean "no data"
                 why = f"the download failed ({type(e).__name__}: {e})"
         how = f"either connect to the internet (it is downloaded into {data_dir}/), or point data.data_dir at a folder that contains {tv.base_folder}/"
-        raise UserError(f"no {tv.base_folder}/ in data.data_dir={data_dir} and {why}: {how}")
+        raise UserError(f"no {tv.base_folder}/ found in data.data_dir={data_dir} and {why}: {how}")
 
     def read(self, folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         parts = [read_batch(folder / name, self.num_classes) for name in self.files(split)]
         return tuple(torch.from_numpy(np.concatenate([p[i] for p in parts])) for i in (0, 1))
 
     def meta(self, folder: Path | None = None) -> dict:
-        """What a network trained on this data expects (CIFARDataModule.meta), with the class
-        names of `folder`'s names file where it has a readable one."""
+        """What a network trained on this expects; the class names of `folder`'s names file."""
         names, path = self.classes.split(), folder and folder / self.tv.meta["filename"]
         try:
             with open(path, "rb") as f:
@@ -127,8 +123,7 @@ SPECS = {
 
 
 class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
-    """CIFAR-10/100 with a seeded validation split carved from the training set, decoded once
-    and moved to the training device in `setup`; batches come from :class:`DeviceBatches`."""
+    """CIFAR-10/100 on the training device, with a seeded validation split of the training set."""
 
     def __init__(
         self,
@@ -159,8 +154,7 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
 
     @property
     def meta(self) -> dict:
-        """Kept in every checkpoint (`data_meta`), so that predict and export need no data:
-        :meth:`Spec.meta`, and `test_images`, the test batch file export verifies on."""
+        """In checkpoints (`data_meta`) for predict and export; export verifies on `test_images`."""
         folder = self.spec.find(self.data_dir) or Path(self.data_dir) / self.spec.tv.base_folder
         test_images = str((folder / self.spec.files("test")[0]).resolve())
         return self.spec.meta(folder) | {"test_images": test_images}
@@ -195,8 +189,7 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
             rank=t.global_rank if t else 0,
             world_size=t.world_size if t else 1,
             channels_last=self.channels_last,
-            # Lightning turns shuffling off for overfit_batches in torch DataLoaders only (and
-            # warns that it did so here too): here, the same batches every epoch.
+            # overfit_batches: the same batches every epoch (Lightning does it for DataLoaders only)
             shuffle=not (t and t.overfit_batches),
         )
 
