@@ -3,8 +3,8 @@ download verifies the archive's checksum; a folder you supply is read as it is, 
 
 import logging
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -47,17 +47,16 @@ def read_batch(path: Path, classes: int = 0) -> tuple[np.ndarray, np.ndarray | N
     raise UserError(f"{path}: {why}")
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     tv: type  # the torchvision class whose url, md5, folder and file names we reuse
     label_key: str  # of the batch files
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    classes: str  # the official label names, for folders without a names file
+    classes: list[str]  # the official label names, for folders without a names file
 
     @property
     def num_classes(self) -> int:
-        return len(self.classes.split())
+        return len(self.classes)
 
     def files(self, split: str) -> list[str]:
         return [name for name, _ in getattr(self.tv, f"{split}_list")]
@@ -90,7 +89,7 @@ class Spec:
 
     def meta(self, folder: Path | None = None) -> dict:
         """What a network trained on this expects; the class names of `folder`'s names file."""
-        names, path = self.classes.split(), folder and folder / self.tv.meta["filename"]
+        names, path = list(self.classes), folder and folder / self.tv.meta["filename"]
         try:
             with open(path, "rb") as f:
                 found = [str(n) for n in pickle.load(f, encoding="latin1")[self.tv.meta["key"]]]
@@ -103,7 +102,7 @@ class Spec:
         return {"class_names": names, "mean": mean, "std": std, "image_size": [32, 32]}
 
 
-CIFAR10_NAMES = "airplane automobile bird cat deer dog frog horse ship truck"
+CIFAR10_NAMES = "airplane automobile bird cat deer dog frog horse ship truck".split()
 CIFAR100_NAMES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy
 bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach
 couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
@@ -111,7 +110,7 @@ keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle m
 mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
 porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
 snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
-tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm"""
+tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split()
 SPECS = {
     "cifar10": Spec(
         CIFAR10, "labels", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10_NAMES
@@ -151,13 +150,11 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         self.val_split, self.seed, self.channels_last = val_split, seed, channels_last
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @property
-    def meta(self) -> dict:
-        """In checkpoints (`data_meta`) for predict and export; export verifies on `test_images`."""
-        folder = self.spec.find(self.data_dir) or Path(self.data_dir) / self.spec.tv.base_folder
+        # What the network expects, kept in checkpoints (`data_meta`) for predict and export
+        # (which verifies on `test_images`); the folder need not be downloaded yet.
+        folder = self.spec.find(data_dir) or Path(data_dir) / self.spec.tv.base_folder
         test_images = str((folder / self.spec.files("test")[0]).resolve())
-        return self.spec.meta(folder) | {"test_images": test_images}
+        self.meta = self.spec.meta(folder) | {"test_images": test_images}
 
     def prepare_data(self) -> None:
         self.spec.locate(self.data_dir, self.download)
