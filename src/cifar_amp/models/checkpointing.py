@@ -33,8 +33,8 @@ class Chain:
 
 @contextlib.contextmanager
 def _stats_to_scratch(block: nn.Module | Chain):
-    """The recompute's BatchNorm running-stat updates go to throwaway copies (else they move twice
-    a step); no tracking would save fewer tensors than the forward, and checkpoint() raises."""
+    """The recompute's BatchNorm running-stat updates go to throwaway copies (else the stats move
+    twice a step); with tracking off instead, it saves fewer tensors and checkpoint() raises."""
     bns = [m for m in block.modules() if isinstance(m, _BATCH_NORM) and m.track_running_stats]
     kept = [(m, k, getattr(m, k)) for m in bns for k in _STATS]
     for m, k, t in kept:
