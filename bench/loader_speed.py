@@ -24,7 +24,6 @@ from torchvision import transforms
 from torchvision.datasets import CIFAR10
 
 from cifar_amp.data import SPECS, Augment, CIFARDataModule
-from cifar_amp.data.cifar import find_folder
 
 
 class UncheckedCIFAR10(CIFAR10):
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     ours = dm.train_dataloader()
 
     tv = UncheckedCIFAR10(
-        str(find_folder(args.data_dir, spec).parent),
+        str(spec.find(args.data_dir).parent),
         train=True,
         transform=transforms.Compose(
             [

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from cifar_amp.data import SPECS
-from cifar_amp.data.cifar import find_folder, read_split
 
 SPEC = SPECS["cifar10"]
 
@@ -23,9 +22,9 @@ def write(
     (root, what the images are, in words)."""
     folder = root / SPEC.tv.base_folder
     folder.mkdir(parents=True, exist_ok=True)
-    found = find_folder(source, SPEC) if source else None
+    found = SPEC.find(source) if source else None
     if found is not None:
-        pools = {s: read_split(found, SPEC, s) for s in ("train", "test")}
+        pools = {s: SPEC.read(found, s) for s in ("train", "test")}
         pools = {s: (x.numpy().reshape(len(x), -1), y.numpy()) for s, (x, y) in pools.items()}
         what = f"{len(pools['train'][1]):,} real training images of {found}, repeated"
     else:

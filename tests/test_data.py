@@ -75,7 +75,7 @@ def test_ranks_see_disjoint_shards_that_cover_the_data(tiny_data):
     images = dm.splits["train"][0].flatten(1).float()
 
     def seen(rank, world):
-        loader = dm._loader("train", train=True)
+        loader = dm._loader("train")
         loader.rank, loader.world_size, loader.batch_size = rank, world, 1000
         x = torch.cat([b[0] for b in loader]).flatten(1)
         # map normalised images back to dataset rows

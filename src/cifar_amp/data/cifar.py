@@ -1,17 +1,10 @@
-"""CIFAR-10/100 in the official python format, decoded once into uint8 tensors on the device.
+"""CIFAR-10/100 in the official python format, decoded once into uint8 tensors on the device. Our
+download verifies the archive's checksum; a folder you supply is read as it is, file by file."""
 
-Our own download uses torchvision's utilities and verifies the archive's checksum; a folder the
-user supplies is read as it is (no checksum list), each file checked for shape and labels, so
-that a broken folder is named by file instead of crashing mid-training.
-"""
-
-from __future__ import annotations
-
-import functools
 import logging
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -27,105 +20,9 @@ log = logging.getLogger(__name__)
 AUGMENT = Augment()  # flip + 4-pixel translate
 
 
-@dataclass(frozen=True)
-class Spec:
-    tv: type  # the torchvision class whose url, md5, folder and file names we reuse
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-    classes: tuple[str, ...]  # the official label names, for folders without a names file
-    label_key: str  # of the batch files
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    def files(self, split: str) -> list[str]:
-        return [name for name, _ in getattr(self.tv, f"{split}_list")]
-
-    def meta(self, folder: Path | None = None) -> dict:
-        """What a network trained on this data expects (CIFARDataModule.meta), with the class
-        names of `folder`'s names file where it has a readable one."""
-        names, path = self.classes, folder and folder / self.tv.meta["filename"]
-        try:
-            with open(path, "rb") as f:
-                found = [str(n) for n in pickle.load(f, encoding="latin1")[self.tv.meta["key"]]]
-            names = found if len(found) == self.num_classes else names
-        except (TypeError, FileNotFoundError):  # no folder, no names file: the official names
-            pass
-        except Exception as e:  # only the names are lost
-            log.warning("%s is unreadable (%s); using the official class names", path, e)
-        return {
-            "class_names": list(names),
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "image_size": [32, 32],
-        }
-
-
-SPECS = {
-    "cifar10": Spec(
-        CIFAR10,
-        (0.4914, 0.4822, 0.4465),
-        (0.2470, 0.2435, 0.2616),
-        tuple("airplane automobile bird cat deer dog frog horse ship truck".split()),
-        "labels",
-    ),
-    "cifar100": Spec(
-        CIFAR100,
-        (0.5071, 0.4865, 0.4409),
-        (0.2673, 0.2564, 0.2762),
-        tuple(
-            """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge
-bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch
-crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
-keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain mouse
-mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
-porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
-snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
-tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split()
-        ),
-        "fine_labels",
-    ),
-}
-
-
-def find_folder(data_dir: str | Path, spec: Spec) -> Path | None:
-    """`data_dir/<folder>` or `data_dir` itself, whichever holds the first batch file."""
-    for cand in (Path(data_dir) / spec.tv.base_folder, Path(data_dir)):
-        if any((cand / spec.files(split)[0]).exists() for split in ("train", "test")):
-            return cand
-    return None
-
-
-def locate_or_download(data_dir: str | Path, spec: Spec, download: bool) -> Path:
-    if (folder := find_folder(data_dir, spec)) is not None:
-        return folder
-    want = spec.tv.base_folder
-    how = (
-        f"either connect to the internet (it is downloaded into {data_dir}/), or point "
-        f"data.data_dir at a folder that contains {want}/"
-    )
-    if not download:
-        raise UserError(
-            f"no {want}/ found in data.data_dir={data_dir} and data.download=false: {how}"
-        )
-    log.info("Downloading %s into %s", spec.tv.url, data_dir)
-    try:
-        download_and_extract_archive(
-            spec.tv.url, str(data_dir), filename=spec.tv.filename, md5=spec.tv.tgz_md5
-        )
-    except Exception as e:  # URLError, timeouts, checksum mismatch: all mean "no data"
-        raise UserError(
-            f"{want}/ is not in data.data_dir={data_dir} and the download failed ({type(e).__name__}: {e}); {how}"
-        ) from e
-    return Path(data_dir) / want
-
-
-def read_batch(
-    path: Path, num_classes: int | None = None
-) -> tuple[np.ndarray, np.ndarray | None, str | None]:
-    """One file in CIFAR's python format -> (N, 3, 32, 32) uint8 images, (N,) int64 labels and
-    their key (None, None for a file without labels); a UserError names what is wrong."""
+def read_batch(path: Path, classes: int = 0) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+    """A file in CIFAR's python format -> (N, 3, 32, 32) uint8 images, (N,) int64 labels (in
+    [0, classes) if `classes` > 0, else maybe None) and their key; a UserError names the file."""
     if not path.is_file():
         raise UserError(f"missing data file {path}")
     try:
@@ -135,44 +32,102 @@ def read_batch(
         key = next((k for k in ("labels", "fine_labels") if k in entry), None)
         labels = None if key is None else np.asarray(entry[key], dtype=np.int64)
     except Exception as e:
-        raise UserError(
-            f"{path} is truncated or not a CIFAR python batch file ({type(e).__name__}: {e})"
-        ) from e
+        why = f"{type(e).__name__}: {e}"
+        raise UserError(f"{path} is truncated or not a CIFAR python batch file ({why})") from e
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise UserError(
-            f"{path}: data has shape {data.shape}, expected (N, 3072) (3x32x32 uint8 rows)"
-        )
-    if labels is not None and labels.shape != (len(data),):
-        raise UserError(f"{path}: {len(labels)} labels for {len(data)} images")
-    if (
-        labels is not None
-        and num_classes
-        and len(labels)
-        and not 0 <= labels.min() <= labels.max() < num_classes
-    ):
-        raise UserError(
-            f"{path}: labels span [{labels.min()}, {labels.max()}], expected [0, {num_classes - 1}]"
-        )
-    return data.reshape(-1, 3, 32, 32), labels, key
+        why = f"data has shape {data.shape}, expected (N, 3072) (3x32x32 uint8 rows)"
+    elif labels is None and classes:
+        why = "no labels"
+    elif labels is not None and labels.shape != (len(data),):
+        why = f"{len(labels)} labels for {len(data)} images"
+    elif classes and len(labels) and not 0 <= labels.min() <= labels.max() < classes:
+        why = f"labels span [{labels.min()}, {labels.max()}], expected [0, {classes - 1}]"
+    else:
+        return data.reshape(-1, 3, 32, 32), labels, key
+    raise UserError(f"{path}: {why}")
 
 
-def read_split(folder: Path, spec: Spec, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    parts = [read_batch(folder / name, spec.num_classes) for name in spec.files(split)]
-    if any(y is None for _, y, _ in parts):
-        raise UserError(f"{folder}: a {split} batch file has no labels")
-    return tuple(torch.from_numpy(np.concatenate([p[i] for p in parts])) for i in (0, 1))
+class Spec(NamedTuple):
+    tv: type  # the torchvision class whose url, md5, folder and file names we reuse
+    label_key: str  # of the batch files
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    classes: list[str]  # the official label names, for folders without a names file
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def files(self, split: str) -> list[str]:
+        return [name for name, _ in getattr(self.tv, f"{split}_list")]
+
+    def find(self, data_dir: str | Path) -> Path | None:
+        """`data_dir/<folder>` or `data_dir` itself, whichever holds the first batch file."""
+        for cand in (Path(data_dir) / self.tv.base_folder, Path(data_dir)):
+            if any((cand / self.files(split)[0]).exists() for split in ("train", "test")):
+                return cand
+        return None
+
+    def locate(self, data_dir: str | Path, download: bool) -> Path:
+        """The folder in `data_dir`, downloaded there (checksum verified) if missing and allowed."""
+        if (folder := self.find(data_dir)) is not None:
+            return folder
+        tv, why = self.tv, "data.download=false"
+        if download:
+            log.info("Downloading %s into %s", tv.url, data_dir)
+            try:
+                download_and_extract_archive(tv.url, data_dir, filename=tv.filename, md5=tv.tgz_md5)
+                return Path(data_dir) / tv.base_folder
+            except Exception as e:  # URLError, timeouts, checksum mismatch: all mean "no data"
+                why = f"the download failed ({type(e).__name__}: {e})"
+        how = f"either connect to the internet (it is downloaded into {data_dir}/), or point data.data_dir at a folder that contains {tv.base_folder}/"
+        raise UserError(f"no {tv.base_folder}/ found in data.data_dir={data_dir} and {why}: {how}")
+
+    def read(self, folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [read_batch(folder / name, self.num_classes) for name in self.files(split)]
+        return tuple(torch.from_numpy(np.concatenate([p[i] for p in parts])) for i in (0, 1))
+
+    def meta(self, folder: Path | None = None) -> dict:
+        """What a network trained on this expects; the class names of `folder`'s names file."""
+        names, path = list(self.classes), folder and folder / self.tv.meta["filename"]
+        try:
+            with open(path, "rb") as f:
+                found = [str(n) for n in pickle.load(f, encoding="latin1")[self.tv.meta["key"]]]
+            names = found if len(found) == self.num_classes else names
+        except (TypeError, FileNotFoundError):  # no folder, no names file: the official names
+            pass
+        except Exception as e:  # only the names are lost
+            log.warning("%s is unreadable (%s); using the official class names", path, e)
+        mean, std = list(self.mean), list(self.std)
+        return {"class_names": names, "mean": mean, "std": std, "image_size": [32, 32]}
+
+
+CIFAR10_NAMES = "airplane automobile bird cat deer dog frog horse ship truck".split()
+CIFAR100_NAMES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy
+bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach
+couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
+keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain mouse
+mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
+porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
+snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
+tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split()
+SPECS = {
+    "cifar10": Spec(
+        CIFAR10, "labels", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10_NAMES
+    ),
+    "cifar100": Spec(
+        CIFAR100, "fine_labels", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100_NAMES
+    ),
+}
 
 
 class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
-    """CIFAR-10/100 with a seeded validation split carved from the training set, decoded once
-    and moved to the training device in `setup`; batches come from :class:`DeviceBatches`."""
+    """CIFAR-10/100 on the training device, with a seeded validation split of the training set."""
 
     def __init__(
         self,
         dataset: str = "cifar10",  # a key of SPECS
-        # Folder holding `cifar-10-batches-py/` (or the folder itself). Downloaded here if
-        # missing and `download` is true; a folder you supply is read without checksums.
-        data_dir: str = "data",
+        data_dir: str = "data",  # holds cifar-10-batches-py/ (or is it); downloaded here if missing
         download: bool = True,
         batch_size: int = 512,  # per device
         eval_batch_size: int = 1024,  # per device, for validation and test
@@ -190,46 +145,36 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
             raise InvalidArgument("val_split", val_split, "must be in [0, 1)")
         super().__init__()
         self.spec, self.data_dir, self.download = SPECS[dataset], data_dir, download
+        self.num_classes = self.spec.num_classes  # the model's output size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.val_split, self.seed, self.channels_last = val_split, seed, channels_last
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @property
-    def num_classes(self) -> int:
-        return self.spec.num_classes
-
-    @functools.cached_property
-    def meta(self) -> dict:
-        """What the trained network expects, kept in every checkpoint (`data_meta`) so that
-        predict and export need no data: `class_names` (from the folder's names file, else the
-        official ones), `mean` and `std` (in [0, 1] pixel units), `image_size` [H, W]; and
-        `test_images`, the test batch file, on which export verifies by default."""
-        folder = find_folder(self.data_dir, self.spec)
-        test = (folder or Path(self.data_dir) / self.spec.tv.base_folder) / self.spec.files("test")[
-            0
-        ]
-        return self.spec.meta(folder) | {"test_images": str(test.resolve())}
+        # What the network expects, kept in checkpoints (`data_meta`) for predict and export
+        # (which verifies on `test_images`); the folder need not be downloaded yet.
+        folder = self.spec.find(data_dir) or Path(data_dir) / self.spec.tv.base_folder
+        test_images = str((folder / self.spec.files("test")[0]).resolve())
+        self.meta = self.spec.meta(folder) | {"test_images": test_images}
 
     def prepare_data(self) -> None:
-        locate_or_download(self.data_dir, self.spec, self.download)
+        self.spec.locate(self.data_dir, self.download)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        folder = locate_or_download(self.data_dir, self.spec, download=False)
+        folder = self.spec.locate(self.data_dir, download=False)
         device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
-        images, labels = read_split(folder, self.spec, "train")
+        images, labels = self.spec.read(folder, "train")
         perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
         val, train = perm.tensor_split([int(round(len(labels) * self.val_split))])
         splits = {"train": (images[train], labels[train]), "val": (images[val], labels[val])}
-        splits["test"] = read_split(folder, self.spec, "test")
+        splits["test"] = self.spec.read(folder, "test")
         self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in splits.items()}
         sizes = ", ".join(f"{len(y)} {k}" for k, (_, y) in self.splits.items())
         log.info("Data: %s on %s: %s images", folder, device, sizes)
 
-    def _loader(self, split: str, train: bool) -> DeviceBatches:
-        t = self.trainer
+    def _loader(self, split: str) -> DeviceBatches:
+        t, train = self.trainer, split == "train"
         return DeviceBatches(
             *self.splits[split],
             self.batch_size if train else self.eval_batch_size,
@@ -241,16 +186,15 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
             rank=t.global_rank if t else 0,
             world_size=t.world_size if t else 1,
             channels_last=self.channels_last,
-            # Lightning turns shuffling off for `overfit_batches` only in torch DataLoaders
-            # (it warns that it did so here too, but cannot): the same batches every epoch.
+            # overfit_batches: the same batches every epoch (Lightning does it for DataLoaders only)
             shuffle=not (t and t.overfit_batches),
         )
 
     def train_dataloader(self) -> DeviceBatches:
-        return self._restored(self._loader("train", train=True))
+        return self._restored(self._loader("train"))
 
     def val_dataloader(self):
-        return self._loader("val", train=False) if len(self.splits["val"][1]) else []
+        return self._loader("val") if len(self.splits["val"][1]) else []
 
     def test_dataloader(self) -> DeviceBatches:
-        return self._loader("test", train=False)
+        return self._loader("test")

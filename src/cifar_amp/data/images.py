@@ -1,7 +1,7 @@
-"""The one way image files are read, for training (data=image_folder), predict and export:
-Pillow decodes, the EXIF orientation is applied (a phone photo is seen as it was held), RGB;
+"""Extra (docs/fork.md), for the image-folders and predict extras: the one way image files are
+read. Pillow decodes, the EXIF orientation is applied (a phone photo is seen as it was held), RGB;
 for evaluation the shorter side is resized and the centre cropped, as torchvision's
-classification presets do, so that nothing is stretched."""
+classification presets do, so that nothing is stretched. Nothing in the core imports this."""
 
 from __future__ import annotations
 

@@ -6,12 +6,9 @@ from cifar_amp.models.checkpointing import Chain, recomputed, run_blocks
 
 
 class ResNet18(ResNet):
-    """torchvision's ResNet-18 adapted to 32x32 inputs: 3x3 stride-1 stem, no max-pool.
-
-    Blocks, for activation checkpointing: the stem, then the 8 residual blocks. Stages: 0 =
-    the stem and layer1 (32x32, about half the activations), 1 = layer2 (16x16), 2 = layer3,
-    3 = layer4.
-    """
+    """torchvision's ResNet-18 adapted to 32x32 inputs: 3x3 stride-1 stem, no max-pool. Blocks,
+    for activation checkpointing: the stem, then the 8 residual blocks. Stages: 0 = the stem and
+    layer1 (32x32, about half the activations), 1 = layer2 (16x16), 2 = layer3, 3 = layer4."""
 
     def __init__(
         self,
@@ -24,11 +21,7 @@ class ResNet18(ResNet):
         self.maxpool = nn.Identity()
         self.recompute = recomputed((3, 2, 2, 2), activation_checkpointing, checkpoint_stages)
 
-    @property
-    def blocks(self) -> list:
-        stem = Chain(self.conv1, self.bn1, self.relu)
-        return [stem, *self.layer1, *self.layer2, *self.layer3, *self.layer4]
-
     def _forward_impl(self, x: Tensor) -> Tensor:
-        x = run_blocks(self.blocks, x, self.recompute)
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        stem = Chain(self.conv1, self.bn1, self.relu)
+        blocks = [stem, *self.layer1, *self.layer2, *self.layer3, *self.layer4]
+        return self.fc(torch.flatten(self.avgpool(run_blocks(blocks, x, self.recompute)), 1))

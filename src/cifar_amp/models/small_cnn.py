@@ -4,11 +4,8 @@ from cifar_amp.models.checkpointing import recomputed, run_blocks
 
 
 class SmallCNN(nn.Module):
-    """The classic AMP-tutorial network: two 3x3 conv + pool stages, two linear layers.
-
-    The head reads an 8x8 feature map (what a 32x32 image leaves); other image sizes are
-    average-pooled to it first (a no-op at 32x32).
-    """
+    """The classic AMP-tutorial network: two 3x3 conv + pool stages, two linear layers. The head
+    reads an 8x8 feature map (what a 32x32 image leaves); other sizes are average-pooled to it."""
 
     def __init__(
         self,
@@ -16,16 +13,13 @@ class SmallCNN(nn.Module):
         width: int = 32,
         hidden: int = 256,
         activation_checkpointing: int = 0,  # recompute every k-th block in backward; 0 = off
-        # or every block of these stages; here each conv + pool stage is one block: [0] or [1]
-        checkpoint_stages: tuple[int, ...] = (),
+        checkpoint_stages: tuple[int, ...] = (),  # or every block of these stages: [0] or [1]
     ):
         super().__init__()
         self.recompute = recomputed((1, 1), activation_checkpointing, checkpoint_stages)
         self.blocks = nn.ModuleList(
-            nn.Sequential(
-                nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2)
-            )
-            for c_in, c_out in ((3, width), (width, 2 * width))
+            nn.Sequential(nn.Conv2d(a, b, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+            for a, b in ((3, width), (width, 2 * width))
         )
         self.pool = nn.AdaptiveAvgPool2d(8)  # apart from `head`, whose keys checkpoints name
         self.head = nn.Sequential(
