@@ -1,7 +1,5 @@
-"""What predict and export read: image files (a folder of them, or one) or a CIFAR batch file,
-as uint8 images at the network's resolution, through the template's one image pipeline
-(data/images.py) and its one CIFAR reader (data/cifar.py). Files that cannot be decoded are
-listed, not fatal: the caller predicts the others and reports them."""
+"""What predict and export read (image files or a CIFAR batch file), as uint8 images at the
+network's resolution; files that cannot be decoded are listed, not fatal."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ class Inputs:
 
 
 def read(path: str | Path, meta: dict, num_classes: int) -> Inputs:
-    """`path` (a folder of images, an image file or a CIFAR batch file) for a network that
-    expects `meta` (class names, image size): one-line UserError if nothing can be read."""
+    """`path` for a network that expects `meta`; UserError if nothing can be read."""
     root = Path(path)
     if root.is_dir():
         hidden = lambda p: any(part.startswith(".") for part in p.relative_to(root).parts)  # noqa: E731
@@ -76,9 +73,8 @@ def _read_images(files: list[Path], root: Path, image_size: list[int]) -> Inputs
 
 
 def read_batch_file(path: Path, meta: dict, num_classes: int) -> Inputs:
-    """A file in CIFAR's python format. Its labels and the names file beside it (batches.meta /
-    meta) say which dataset it is; a network trained on another is refused, as its predictions
-    would be meaningless."""
+    """A file in CIFAR's python format; one of a dataset the network was not trained on (by its
+    labels and the names file beside it) is refused."""
     try:
         data, ids, key = read_batch(path)
     except UserError as e:

@@ -1,13 +1,6 @@
-"""Extra (docs/fork.md): predict with a checkpoint. `predict.py` hands over here. Nothing in
-the core imports this module.
-
-    python predict.py ckpt_path=<ckpt> input=<folder | image file | CIFAR batch file>
-
-The checkpoint says what its network expects (`data_meta`: class names, normalisation, image
-size; written by every run of a DataModule with `meta`), so no data set is needed. Images go
-through Lightning's `trainer.predict` (the `trainer` and `precision` groups choose the device
-and precision) in batches; `<run_dir>/predictions.csv` gets one row per image.
-"""
+"""Extra (docs/fork.md): `python predict.py ckpt_path=<ckpt> input=<folder | image file | CIFAR
+batch file>` writes `<run_dir>/predictions.csv`. The checkpoint's `data_meta` says what its
+network expects, so no data set is needed. Nothing in the core imports this module."""
 
 from __future__ import annotations
 
@@ -50,10 +43,9 @@ class PredictConfig:
 
 
 def data_meta(ckpt: Checkpoint) -> dict:
-    """What the network expects (`data_meta`: class names, mean/std, image size). For
-    checkpoints written before it existed: the defaults of the CIFAR data set they were
-    trained on. Without mean/std the images cannot be normalised as in training, so such
-    a checkpoint is refused; without class names, classes go by index."""
+    """What the network expects (class names, mean/std, image size); for a checkpoint without
+    `data_meta`, its CIFAR data set's. Without mean/std it is refused; without names, classes
+    go by index."""
     n, meta = ckpt.hparams.get("num_classes"), ckpt.hparams.get("data_meta")
     where = f"{ckpt.key}={ckpt.path}"
     if meta is None:
@@ -67,9 +59,7 @@ def data_meta(ckpt: Checkpoint) -> dict:
                 "to the DataModule (docs/after-training.md) and train again"
             )
         log.warning(
-            "%s predates data_meta: assuming %s's normalisation, classes and size",
-            where,
-            dataset,
+            f"{where} predates data_meta: assuming {dataset}'s normalisation, classes and size"
         )
         return SPECS[dataset].meta()
     if missing := [k for k in ("mean", "std", "image_size") if not meta.get(k)]:
@@ -98,8 +88,8 @@ def _collate(transform: v2.Transform, channels_last: bool, items: list) -> torch
 
 
 def predict(cfg: DictConfig) -> dict[str, Any]:
-    """Predict `cfg.input`; write `<run_dir>/predictions.csv`, print a summary. Unreadable
-    files are listed and raise (exit 2) after the others are written."""
+    """Predict `cfg.input` into `<run_dir>/predictions.csv`, print a summary; unreadable files
+    raise (exit 2) after the others are written."""
     if not cfg.ckpt_path:
         raise UserError("ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/last.ckpt")
     if not cfg.input:
@@ -124,10 +114,11 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     inputs = read(cfg.input, meta, num_classes)
     for name, why in inputs.unreadable:
         log.warning("cannot read %s: %s", name, why)
+    unread = ", ".join(n for n, _ in inputs.unreadable)
     if not inputs.names:
         raise UserError(
             f"none of the {len(inputs.unreadable)} images in input={cfg.input} could be read: "
-            + ", ".join(n for n, _ in inputs.unreadable)
+            + unread
         )
     runs.save_config(cfg)
     collate = functools.partial(_collate, normaliser(meta), prec.layout)
@@ -140,8 +131,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         total = len(inputs.names) + len(inputs.unreadable)
         raise UserError(
             f"{len(inputs.unreadable)} of {total} files could not be read and were not "
-            f"predicted: {', '.join(n for n, _ in inputs.unreadable)} (reasons above); "
-            f"predictions for the other {len(inputs.names)} are in {out}"
+            f"predicted: {unread} (reasons above); predictions for the other "
+            f"{len(inputs.names)} are in {out}"
         )
     return {"csv": str(out), "images": len(inputs.names)}
 
