@@ -19,8 +19,7 @@ from torch import Tensor, nn
 from cifar_amp import tta as TTA
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
-from cifar_amp.inputs import read
-from cifar_amp.prediction import data_meta, normaliser
+from cifar_amp.prediction import data_meta, normaliser, read
 
 log = logging.getLogger("cifar_amp.export")  # not "__main__" under python -m
 

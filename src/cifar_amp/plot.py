@@ -52,8 +52,7 @@ class TrainingCurves(Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         row = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        row.update(self._values(trainer, TRAIN))
-        row.update(self._val)
+        row |= self._values(trainer, TRAIN) | self._val
         self._val = {}
         rows = self.history[EPOCHS]
         rows[:] = [r for r in rows if r["epoch"] < row["epoch"]] + [row]

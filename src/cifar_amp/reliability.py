@@ -191,14 +191,11 @@ class NonFiniteLossError(UserError):
 
 
 class StopOnNonFiniteLoss(Callback):
-    """Reports non-finite training losses with their step and stops after `patience` in a row.
-
-    The loss is counted, not the gradients: under 16-mixed the GradScaler skips inf-gradient
-    steps on its own. Every `check_every` steps the kept losses are checked on the device and
-    the result copied to the host without waiting, to be read at the next check: a step never
-    waits for the GPU, and a stop comes up to 2 x `check_every` steps late. Before a checkpoint
-    write the check waits, and non-finite weights are never written.
-    """
+    """Reports non-finite training losses with their step and stops after `patience` in a row
+    (losses, not gradients: under 16-mixed the GradScaler skips inf-gradient steps on its own).
+    Every `check_every` steps the losses are checked on the device and the result read at the
+    next check, so a step never waits for the GPU; a checkpoint write waits, and refuses
+    non-finite weights."""
 
     def __init__(self, patience: int = 10, check_every: int = 25) -> None:
         if patience < 1 or check_every < 1:

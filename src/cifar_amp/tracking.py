@@ -24,22 +24,20 @@ class MLFlowLogger(loggers.MLFlowLogger):
     """Lightning's MLFlowLogger; `version`: the run to continue (where the store still has it)."""
 
     def __init__(self, *args, version: str | None = None, **kwargs) -> None:
+        from filelock import FileLock
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
         self.continued = False
         uri = kwargs.get("tracking_uri")
         if uri and uri.startswith("sqlite:///"):
             # Parallel jobs that start together would each create the store's tables or the
             # experiment, and all but one fail: one at a time, the others find them made.
-            from filelock import FileLock
-            from mlflow import MlflowClient
-
             with FileLock(uri.removeprefix("sqlite:///") + ".lock"):
                 client, name = MlflowClient(uri), kwargs.get("experiment_name", "lightning_logs")
                 if client.get_experiment_by_name(name) is None:
                     client.create_experiment(name, kwargs.get("artifact_location"))
         if version and not kwargs.get("run_id"):
-            from mlflow import MlflowClient
-            from mlflow.exceptions import MlflowException
-
             try:
                 MlflowClient(uri).get_run(version)
                 kwargs["run_id"], self.continued = version, True
