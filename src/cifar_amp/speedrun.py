@@ -85,9 +85,8 @@ class EMA(EMAWeightAveraging):
         return [c.to(a.device) for a, c in zip(average, current, strict=True)]
 
     def _split(self, average: torch.nn.Module, model: torch.nn.Module) -> tuple[list, ...]:
-        """(averaged, their sources, copied, their sources): floating-point parameters (and
-        buffers, with `use_buffers`) are averaged; integer buffers (BatchNorm's batch
-        counter), and all buffers without `use_buffers` (as AveragedModel does), are copied."""
+        """(averaged, their sources, copied, their sources): as AveragedModel, buffers are copied
+        unless `use_buffers`, and integer ones (BatchNorm's batch counter) always."""
         params = list(zip(average.parameters(), model.parameters(), strict=True))
         buffers = list(zip(average.buffers(), model.buffers(), strict=True))
         averaged = params + buffers if self._use_buffers else params
@@ -182,9 +181,8 @@ class PatchWhitening(Callback):
             return
         conv = self.conv(pl_module)
         if trainer.ckpt_path is None:
-            loader = (
-                trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
-            )
+            dm = trainer.datamodule
+            loader = dm.train_dataloader() if dm is not None else None
             if not all(hasattr(loader, a) for a in ("images", "mean", "std")):
                 raise UserError(
                     "PatchWhitening needs the template's CIFARDataModule (device-resident images)"
