@@ -25,6 +25,7 @@ log = logging.getLogger("cifar_amp.export")  # not "__main__" under python -m
 
 SUFFIXES = {"onnx": ".onnx", "torch_export": ".pt2"}
 TRACE_BATCH = 2  # torch.export specialises sizes 0 and 1, so trace with 2 and verify others
+DYNAMIC_BATCH = {"images": {0: torch.export.Dim("batch", min=1)}}
 
 
 @dataclass
@@ -118,10 +119,6 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     return {"output": str(out), "max_abs_diff": diff}
 
 
-def _dynamic_batch() -> dict:
-    return {"images": {0: torch.export.Dim("batch", min=1)}}
-
-
 def to_onnx(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
     # The dynamo exporter needs onnxscript, whose optimizer passes log each step at INFO.
     for name in ("onnxscript", "onnx_ir"):
@@ -132,7 +129,7 @@ def to_onnx(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
             (images[:TRACE_BATCH],),
             input_names=["images"],
             output_names=["logits"],
-            dynamic_shapes=_dynamic_batch(),
+            dynamic_shapes=DYNAMIC_BATCH,
             dynamo=True,
             verbose=False,
         )
@@ -145,7 +142,7 @@ def to_onnx(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
 
 
 def to_torch_export(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
-    program = torch.export.export(net, (images[:TRACE_BATCH],), dynamic_shapes=_dynamic_batch())
+    program = torch.export.export(net, (images[:TRACE_BATCH],), dynamic_shapes=DYNAMIC_BATCH)
     torch.export.save(program, path, extra_files={"meta.json": json.dumps(info)})
 
 

@@ -79,10 +79,6 @@ def override_value(value: Any) -> str:
     return quoted(value)
 
 
-class Exhausted(Exception):
-    """The sampler has tried everything (the grid and brute-force samplers stop the study)."""
-
-
 def outcome(study: Any, trial: Any, ret: Optional[JobReturn]) -> Tuple[Any, Optional[float], str]:
     """(state, value, the reason of a FAIL or '') of the job that ran `trial`: a finite return
     is COMPLETE, PRUNED_AT or TrialPruned is PRUNED, any other end FAIL."""
@@ -109,19 +105,19 @@ def outcome(study: Any, trial: Any, ret: Optional[JobReturn]) -> Tuple[Any, Opti
     return TrialState.FAIL, None, f"{type(error).__name__}: {error}".replace("\n", " ")
 
 
-def tell(study: Any, trial: Any, ret: Optional[JobReturn]) -> str:
+def tell(study: Any, trial: Any, ret: Optional[JobReturn]) -> Tuple[str, bool]:
     """Record in the study how the job of `trial` ended (a PRUNED trial keeps its last reported
-    value); the reason of a FAIL, else ''. Raises Exhausted after recording it, if the sampler
-    has nothing left to try."""
+    value): (the reason of a FAIL or '', whether the sampler has tried everything)."""
     state, value, reason = outcome(study, trial, ret)
     try:
         study.tell(trial, value, state=state)
     except RuntimeError as e:
-        # A sampler that is done calls Study.stop(), refused outside optimize(); the trial is told.
+        # A sampler that is done (grid, brute force) calls Study.stop(), refused outside
+        # optimize(); the trial is told all the same.
         if "Study.stop" not in str(e):
             raise
-        raise Exhausted(reason) from None
-    return reason
+        return reason, True
+    return reason, False
 
 
 class SpaceChanged(CompactHydraException, ValueError):
@@ -211,10 +207,9 @@ class OptunaAskTellSweeper(Sweeper):
                 returns = [None] * len(trials)
             for trial, ret in zip(trials, returns, strict=True):
                 job = len(ran)
-                try:
-                    reason = tell(study, trial, ret)
-                except Exhausted as e:
-                    reason, exhausted = str(e), True
+                reason, done = tell(study, trial, ret)
+                if done:
+                    exhausted = True
                     log.info(f"The sampler has tried every value after trial {trial.number}")
                 if reason:
                     job_dir = Path(
