@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -174,8 +175,6 @@ def last_checkpoint_path(trainer) -> Path:
 def resume_command(ckpt: Path, run_dir: str) -> str:
     """The command line that continues this run in the same run dir from `ckpt`, without
     overrides that start a run from other weights (`init_from`: a resume has its own)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return f"train(cfg) with ckpt_path={ckpt}"
     drop = ("ckpt_path=", "hydra.run.dir=", "init_from=")
