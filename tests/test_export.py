@@ -16,8 +16,7 @@ import torch
 from cifar_amp import cli, export
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
-from cifar_amp.inputs import read
-from cifar_amp.prediction import data_meta, normaliser
+from cifar_amp.prediction import data_meta, normaliser, read
 from cifar_amp.training import train
 from conftest import CONFIGS, REPO, SHRINK, SUBSET, compose_cfg
 

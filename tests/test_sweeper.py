@@ -112,7 +112,7 @@ def test_each_end_of_a_job_is_recorded(ret, pruned_at, state, reason):
     trial.report(0.25, step=0)
     if pruned_at is not None:
         trial.set_user_attr(PRUNED_AT, pruned_at)
-    assert S.tell(study, trial, ret) == reason
+    assert S.tell(study, trial, ret) == (reason, False)
     assert study.trials[0].state == state
     if state == TrialState.PRUNED:  # Optuna keeps the last reported value
         assert study.trials[0].value == 0.25

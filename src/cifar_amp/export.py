@@ -1,19 +1,7 @@
-"""Extra (docs/fork.md, with predict): export a checkpoint's evaluation network, verified
-before it is written. Nothing in the core imports this module.
-
-    python -m cifar_amp.export ckpt_path=<ckpt> format=onnx|torch_export [output=<file>]
-
-The network is the one test evaluates: the checkpoint's `state_dict` (the averaged weights
-where the run used weight averaging), in eval mode, with the checkpoint's test-time
-augmentation built in (`tta=none` leaves it out). Input `images`: float32 (N, 3, H, W),
-normalised as in training; output `logits` (N, classes); the batch dimension is dynamic. What
-a deployment needs besides (class names, mean/std, image size) travels inside the file:
-ONNX metadata_props, or `meta.json` among the exported program's extra files.
-
-Before the file is written, it is loaded back (onnxruntime, or torch.export.load) and run on
-real images at two batch sizes other than the traced one; its logits must be within
-`atol + rtol * |logits|` of the PyTorch module's. Export runs on the CPU, in float32.
-"""
+"""Extra (docs/fork.md, with predict; docs/after-training.md):
+`python -m cifar_amp.export ckpt_path=<ckpt> format=onnx|torch_export [output=<file>]` exports
+the network test evaluates (with its TTA; float32, CPU, dynamic batch), with data_meta inside
+the file, verified on real images before it is written. Nothing in the core imports this."""
 
 from __future__ import annotations
 
@@ -31,13 +19,13 @@ from torch import Tensor, nn
 from cifar_amp import tta as TTA
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
-from cifar_amp.inputs import read
-from cifar_amp.prediction import data_meta, normaliser
+from cifar_amp.prediction import data_meta, normaliser, read
 
 log = logging.getLogger("cifar_amp.export")  # not "__main__" under python -m
 
 SUFFIXES = {"onnx": ".onnx", "torch_export": ".pt2"}
 TRACE_BATCH = 2  # torch.export specialises sizes 0 and 1, so trace with 2 and verify others
+DYNAMIC_BATCH = {"images": {0: torch.export.Dim("batch", min=1)}}
 
 
 @dataclass
@@ -48,8 +36,8 @@ class ExportConfig:
     ckpt_path: Optional[str] = None  # required: the checkpoint to export
     format: str = "onnx"  # onnx | torch_export
     output: Optional[str] = None  # null: <run_dir>/model.onnx or model.pt2
-    # Real images to verify the exported model on: a folder, an image file, a CIFAR batch file.
-    # null: the test images the checkpoint was trained with (its data_meta's `test_images`).
+    # Images to verify on (a folder, an image file, a CIFAR batch file); null: data_meta's
+    # `test_images`, those the checkpoint's run tested on.
     input: Optional[str] = None
     verify_images: int = 64  # how many of them (at this batch size and at batch size 1)
     # Exported logits must be within atol + rtol * |PyTorch's| of the PyTorch module's.
@@ -131,13 +119,8 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     return {"output": str(out), "max_abs_diff": diff}
 
 
-def _dynamic_batch() -> dict:
-    return {"images": {0: torch.export.Dim("batch", min=1)}}
-
-
 def to_onnx(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
-    # torch 2.14's default exporter (dynamo=True) traces with torch.export; needs onnxscript,
-    # whose optimizer passes log each step at INFO.
+    # The dynamo exporter needs onnxscript, whose optimizer passes log each step at INFO.
     for name in ("onnxscript", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
@@ -146,7 +129,7 @@ def to_onnx(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
             (images[:TRACE_BATCH],),
             input_names=["images"],
             output_names=["logits"],
-            dynamic_shapes=_dynamic_batch(),
+            dynamic_shapes=DYNAMIC_BATCH,
             dynamo=True,
             verbose=False,
         )
@@ -159,7 +142,7 @@ def to_onnx(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
 
 
 def to_torch_export(net: nn.Module, images: Tensor, path: Path, info: dict) -> None:
-    program = torch.export.export(net, (images[:TRACE_BATCH],), dynamic_shapes=_dynamic_batch())
+    program = torch.export.export(net, (images[:TRACE_BATCH],), dynamic_shapes=DYNAMIC_BATCH)
     torch.export.save(program, path, extra_files={"meta.json": json.dumps(info)})
 
 

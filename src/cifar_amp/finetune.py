@@ -1,11 +1,7 @@
-"""Extra (docs/fork.md): fine-tuning, a new run that starts from other weights. Nothing in the
-core imports this module; configs/finetune/default.yaml adds `init_from` and this callback.
-
-`init_from=<ckpt>` takes only the network's weights (with EMA, the averaged ones: those are what
-the checkpoint's state_dict holds); the optimizer, schedule, epoch, metrics and loader position
-start afresh, unlike `ckpt_path=`, which resumes a run exactly. A classification head sized for
-another number of classes is re-initialised; any other difference refuses the run.
-"""
+"""Extra (docs/fork.md): `init_from=<ckpt>`, a new run from a checkpoint's network weights
+(with EMA, the averaged ones); all else starts afresh, unlike `ckpt_path=`. A head sized for
+other classes is re-initialised; any other difference refuses the run. Nothing in the core
+imports this module; configs/finetune/default.yaml adds `init_from` and this callback."""
 
 from __future__ import annotations
 
@@ -44,7 +40,7 @@ class FineTune(Callback):
         run dir is touched)."""
         if self.source is None:
             return
-        src, net = self.source, pl_module.net
+        src, net, n = self.source, pl_module.net, pl_module.hparams.num_classes
         theirs = src.hparams.get("num_classes")
         ours = net.state_dict()
         saved = {
@@ -52,12 +48,8 @@ class FineTune(Callback):
         }
 
         def is_head(key: str, saved: Tensor, mine: Tensor) -> bool:  # differs in the classes only
-            n = pl_module.hparams.num_classes
-            return (
-                saved.shape[1:] == mine.shape[1:]
-                and mine.shape[0] == n
-                and saved.shape[0] == (theirs or saved.shape[0])
-            )
+            rest = saved.shape[1:] == mine.shape[1:]
+            return rest and mine.shape[0] == n and saved.shape[0] == (theirs or saved.shape[0])
 
         problems, head = mismatch(saved, ours, is_head)
         if problems:
@@ -69,26 +61,18 @@ class FineTune(Callback):
         load = {k: v for k, v in saved.items() if k not in head}
         net.load_state_dict(load, strict=False)
         log.info(
-            "init_from=%s: loaded %d of the network's %d tensors (checkpoint at epoch %s, step %s); "
-            "optimizer, schedule and epoch start afresh",
-            src.path,
-            len(load),
-            len(ours),
-            src.data.get("epoch", "?"),
-            src.data.get("global_step", "?"),
+            f"init_from={src.path}: loaded {len(load)} of the network's {len(ours)} tensors "
+            f"(checkpoint at epoch {src.data.get('epoch', '?')}, step "
+            f"{src.data.get('global_step', '?')}); optimizer, schedule and epoch start afresh"
         )
         if head:
             log.info(
-                "init_from: re-initialised the classification head for %d classes (the "
-                "checkpoint's has %s): %s",
-                pl_module.hparams.num_classes,
-                theirs or "another number",
-                ", ".join(head),
+                f"init_from: re-initialised the classification head for {n} classes (the "
+                f"checkpoint's has {theirs or 'another number'}): {', '.join(head)}"
             )
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        # A checkpoint holds the weights, so the network config it keeps asks for no pretrained
-        # weights: rebuilding from it (eval.py, predict) fetches nothing and works offline.
+        # The checkpoint holds the weights: rebuilding from it (eval.py, predict) fetches none.
         hp = checkpoint.get("hyper_parameters", {})
         net = hp.get("net")
         if isinstance(net, dict) and (net.get("pretrained") or net.get("pretrained_path")):

@@ -1,10 +1,6 @@
-"""Extra (docs/fork.md): training curves. Nothing in the core imports this module.
-
-Every run writes `history.json` (per-epoch loss and accuracy, the learning rate along the way;
-:class:`TrainingCurves`, whatever the logger) and its own `curves.png`;
-`python -m cifar_amp.plot <run dir> [<run dir> ...] [-o curves.png]` overlays several runs,
-one colour each. A multirun dir stands for its jobs.
-"""
+"""Extra (docs/fork.md): every run's `history.json` and `curves.png`, whatever the logger;
+`python -m cifar_amp.plot <run dir>... [-o curves.png]` overlays runs (a multirun dir: its
+jobs). Nothing in the core imports this module."""
 
 from __future__ import annotations
 
@@ -25,14 +21,9 @@ log = logging.getLogger(__name__)
 HISTORY = "history.json"  # in the run dir
 LR = "lr"  # key of the learning-rate series in history.json: [[epoch (fractional), lr], ...]
 EPOCHS = "epochs"  # key of the per-epoch rows: [{"epoch": 0, "step": N, "train/loss": ...}]
-PANELS = (
-    ("loss", metrics.TRAIN_LOSS, metrics.VAL_LOSS),
-    ("accuracy", metrics.TRAIN_ACC, metrics.VAL_ACC),
-)
-
-
-VAL = (metrics.VAL_LOSS, metrics.VAL_ACC)
 TRAIN = (metrics.TRAIN_LOSS, metrics.TRAIN_ACC)
+VAL = (metrics.VAL_LOSS, metrics.VAL_ACC)
+PANELS = tuple(zip(("loss", "accuracy"), TRAIN, VAL, strict=True))  # (name, train key, val key)
 
 
 class TrainingCurves(Callback):
@@ -61,8 +52,7 @@ class TrainingCurves(Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         row = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        row.update(self._values(trainer, TRAIN))
-        row.update(self._val)
+        row |= self._values(trainer, TRAIN) | self._val
         self._val = {}
         rows = self.history[EPOCHS]
         rows[:] = [r for r in rows if r["epoch"] < row["epoch"]] + [row]
@@ -76,9 +66,7 @@ class TrainingCurves(Callback):
         if importlib.util.find_spec("matplotlib") is None:  # a machine with the core only
             log.warning("curves.png not drawn: matplotlib is not installed (history.json is)")
             return
-        write(
-            {self.dirpath.name: self.history}, self.dirpath / "curves.png", title=str(self.dirpath)
-        )
+        write({self.dirpath.name: self.history}, self.dirpath / "curves.png", str(self.dirpath))
 
     @staticmethod
     def _values(trainer, keys) -> dict[str, float]:
@@ -110,15 +98,10 @@ def figure(runs: dict[str, dict], title: str | None = None):
                 points = [(r["epoch"] + 1, r[key]) for r in rows if r.get(key) is not None]
                 if points:
                     xs, ys = zip(*points, strict=True)
-                    ax.plot(
-                        xs,
-                        ys,
-                        style,
-                        color=colour,
-                        marker="." if len(xs) < 30 else None,
-                        # one entry per run (colour); dashed/solid is in the title
-                        label=(label if key == val_key else None) if len(runs) > 1 else key,
-                    )
+                    # One legend entry per run (colour); dashed/solid is in the title.
+                    shown = (label if key == val_key else None) if len(runs) > 1 else key
+                    marker = "." if len(xs) < 30 else None
+                    ax.plot(xs, ys, style, color=colour, marker=marker, label=shown)
             ax.set_title(f"{name} (dashed: train, solid: val)")
         if history.get(LR):
             xs, ys = zip(*history[LR], strict=True)
@@ -147,14 +130,12 @@ def load(paths: list[str]) -> dict[str, dict]:
         root = Path(arg)
         if not root.is_dir():
             raise UserError(f"{arg}: no such directory (give run dirs, e.g. logs/train/runs/<run>)")
-        found = (
-            [root / HISTORY]
-            if (root / HISTORY).is_file()
-            else sorted(
+        found = [root / HISTORY]
+        if not found[0].is_file():  # its jobs' dirs, in number order
+            found = sorted(
                 root.glob(f"*/{HISTORY}"),
                 key=lambda p: (not p.parent.name.isdigit(), p.parent.name.zfill(9)),
             )
-        )
         if not found:
             raise UserError(
                 f"{arg}: no {HISTORY} here or in its subfolders (a run dir of this template "

@@ -1,20 +1,13 @@
-"""Extra (docs/fork.md): predict with a checkpoint. `predict.py` hands over here. Nothing in
-the core imports this module.
-
-    python predict.py ckpt_path=<ckpt> input=<folder | image file | CIFAR batch file>
-
-The checkpoint says what its network expects (`data_meta`: class names, normalisation, image
-size; written by every run of a DataModule with `meta`), so no data set is needed. Images go
-through Lightning's `trainer.predict` (the `trainer` and `precision` groups choose the device
-and precision) in batches; `<run_dir>/predictions.csv` gets one row per image.
-"""
+"""Extra (docs/fork.md): `python predict.py ckpt_path=<ckpt> input=<folder | image file | CIFAR
+batch file>` writes `<run_dir>/predictions.csv`. The checkpoint's `data_meta` says what its
+network expects, so no data set is needed. Nothing in the core imports this module."""
 
 from __future__ import annotations
 
 import csv
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,9 +18,9 @@ from torchvision.transforms import v2
 
 from cifar_amp import build, runs
 from cifar_amp.checkpoints import SETTINGS, Checkpoint
-from cifar_amp.data.cifar import SPECS
+from cifar_amp.data.cifar import SPECS, read_batch
+from cifar_amp.data.images import SUFFIXES, decode, eval_resize
 from cifar_amp.errors import UserError
-from cifar_amp.inputs import Inputs, read
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +43,9 @@ class PredictConfig:
 
 
 def data_meta(ckpt: Checkpoint) -> dict:
-    """What the network expects (`data_meta`: class names, mean/std, image size). For
-    checkpoints written before it existed: the defaults of the CIFAR data set they were
-    trained on. Without mean/std the images cannot be normalised as in training, so such
-    a checkpoint is refused; without class names, classes go by index."""
+    """What the network expects (class names, mean/std, image size); for a checkpoint without
+    `data_meta`, its CIFAR data set's. Without mean/std it is refused; without names, classes
+    go by index."""
     n, meta = ckpt.hparams.get("num_classes"), ckpt.hparams.get("data_meta")
     where = f"{ckpt.key}={ckpt.path}"
     if meta is None:
@@ -67,9 +59,7 @@ def data_meta(ckpt: Checkpoint) -> dict:
                 "to the DataModule (docs/after-training.md) and train again"
             )
         log.warning(
-            "%s predates data_meta: assuming %s's normalisation, classes and size",
-            where,
-            dataset,
+            f"{where} predates data_meta: assuming {dataset}'s normalisation, classes and size"
         )
         return SPECS[dataset].meta()
     if missing := [k for k in ("mean", "std", "image_size") if not meta.get(k)]:
@@ -92,14 +82,102 @@ def normaliser(meta: dict) -> v2.Transform:
     )
 
 
+# -- what predict and export read: image files or a CIFAR batch file, as uint8 images at the
+# network's resolution; files that cannot be decoded are listed, not fatal.
+@dataclass
+class Inputs:
+    """Readable images in input order, and what could not be read."""
+
+    names: list[str]  # one per image: a path relative to the input, or `<batch file>[i]`
+    images: torch.Tensor  # (N, 3, H, W) uint8 at the network's resolution
+    labels: list[str] | None = None  # true class names, where the input carries them
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (name, why)
+
+
+def read(path: str | Path, meta: dict, num_classes: int) -> Inputs:
+    """`path` for a network that expects `meta`; UserError if nothing can be read."""
+    root = Path(path)
+    if root.is_dir():
+        hidden = lambda p: any(part.startswith(".") for part in p.relative_to(root).parts)  # noqa: E731
+        files = sorted(
+            p
+            for p in root.rglob("*")
+            if p.suffix.lower() in SUFFIXES and p.is_file() and not hidden(p)
+        )
+        if not files:
+            raise UserError(
+                f"input={path} holds no images ({', '.join(SUFFIXES)}, in any subfolder){_batch_file_hint(root)}"
+            )
+        return _read_images(files, root, meta["image_size"])
+    if not root.is_file():
+        raise UserError(f"input={path}: no such file or folder")
+    if root.suffix.lower() in SUFFIXES:
+        return _read_images([root], root.parent, meta["image_size"])
+    return read_batch_file(root, meta, num_classes)
+
+
+def _batch_file_hint(root: Path) -> str:
+    names = {p.name for p in root.iterdir()}
+    for spec in SPECS.values():
+        if found := [n for n in spec.files("test") + spec.files("train") if n in names]:
+            return f"; for a CIFAR batch file give the file itself, e.g. input={root / found[0]}"
+    return ""
+
+
+def _read_images(files: list[Path], root: Path, image_size: list[int]) -> Inputs:
+    to_size = v2.Compose([v2.ToImage(), eval_resize(image_size)])
+    names, images, unreadable = [], [], []
+    for path in files:
+        name = path.relative_to(root).as_posix()
+        try:
+            rgb = decode(str(path))
+        except UserError as e:
+            cause = e.__cause__ or e
+            unreadable.append((name, f"{type(cause).__name__}: {cause}".replace(str(path), name)))
+            continue
+        names.append(name)
+        images.append(to_size(rgb).as_subclass(torch.Tensor))
+    h, w = image_size
+    stacked = torch.stack(images) if images else torch.empty(0, 3, h, w, dtype=torch.uint8)
+    return Inputs(names, stacked, unreadable=unreadable)
+
+
+def read_batch_file(path: Path, meta: dict, num_classes: int) -> Inputs:
+    """A file in CIFAR's python format; one of a dataset the network was not trained on (by its
+    labels and the names file beside it) is refused."""
+    try:
+        data, ids, key = read_batch(path)
+    except UserError as e:
+        raise UserError(
+            f"input={path} is neither an image ({', '.join(SUFFIXES)}) nor a CIFAR batch file ({e})"
+        ) from e
+    ours = meta.get("class_names")
+    spec = next((s for s in SPECS.values() if s.label_key == key), None)
+    theirs = spec and spec.meta(path.parent)["class_names"]
+    if theirs is not None and (list(theirs) != list(ours) if ours else len(theirs) != num_classes):
+        trained = f"{num_classes}" + (f": {', '.join(ours[:3])}, ..." if ours else "")
+        raise UserError(
+            f"input={path} is labelled for other classes ({len(theirs)}: {', '.join(theirs[:3])}, ...) "
+            f"than the checkpoint was trained on ({trained}): use a checkpoint trained on that dataset"
+        )
+    if ids is not None and len(ids) and (ids.min() < 0 or ids.max() >= num_classes):
+        raise UserError(
+            f"input={path} has labels in [{ids.min()}, {ids.max()}], beyond the checkpoint's "
+            f"{num_classes} classes: use a checkpoint trained on that dataset"
+        )
+    labels = None if ids is None else [ours[i] if ours else str(i) for i in ids]
+    images = eval_resize(meta["image_size"])(torch.from_numpy(data))
+    return Inputs([f"{path.name}[{i}]" for i in range(len(data))], images, labels)
+
+
 def _collate(transform: v2.Transform, channels_last: bool, items: list) -> torch.Tensor:
     x = transform(torch.stack(items))
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
 def predict(cfg: DictConfig) -> dict[str, Any]:
-    """Predict `cfg.input`; write `<run_dir>/predictions.csv`, print a summary. Unreadable
-    files are listed and raise (exit 2) after the others are written."""
+    """Predict `cfg.input` into `<run_dir>/predictions.csv`, print a summary; unreadable files
+    raise (exit 2) after the others are written."""
     if not cfg.ckpt_path:
         raise UserError("ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/last.ckpt")
     if not cfg.input:
@@ -124,10 +202,11 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     inputs = read(cfg.input, meta, num_classes)
     for name, why in inputs.unreadable:
         log.warning("cannot read %s: %s", name, why)
+    unread = ", ".join(n for n, _ in inputs.unreadable)
     if not inputs.names:
         raise UserError(
             f"none of the {len(inputs.unreadable)} images in input={cfg.input} could be read: "
-            + ", ".join(n for n, _ in inputs.unreadable)
+            + unread
         )
     runs.save_config(cfg)
     collate = functools.partial(_collate, normaliser(meta), prec.layout)
@@ -140,8 +219,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         total = len(inputs.names) + len(inputs.unreadable)
         raise UserError(
             f"{len(inputs.unreadable)} of {total} files could not be read and were not "
-            f"predicted: {', '.join(n for n, _ in inputs.unreadable)} (reasons above); "
-            f"predictions for the other {len(inputs.names)} are in {out}"
+            f"predicted: {unread} (reasons above); predictions for the other "
+            f"{len(inputs.names)} are in {out}"
         )
     return {"csv": str(out), "images": len(inputs.names)}
 
@@ -166,22 +245,20 @@ def summary(cfg, module, precision: str, inputs, probs, names, out: Path) -> str
         f"Predicted {n} image(s) of input={cfg.input} with {net} ({len(names)} classes, "
         f"tta={module.hparams.tta}, precision={precision})"
     ]
-    top = probs.topk(min(3, len(names)), dim=1)
+    top, predicted = probs.topk(min(3, len(names)), dim=1), probs.argmax(1)
     for i in range(min(n, SHOWN)):
         (p, *ps), (c, *cs) = top.values[i].tolist(), top.indices[i].tolist()
         rest = ", ".join(f"{names[k]} {q:.3f}" for k, q in zip(cs, ps, strict=True))
         lines.append(f"  {inputs.names[i]}: {names[c]} {p:.3f}" + (f" ({rest})" if rest else ""))
     if n > SHOWN:
-        counts = torch.bincount(probs.argmax(1), minlength=len(names)).tolist()
+        counts = torch.bincount(predicted, minlength=len(names)).tolist()
         ranked = sorted(range(len(names)), key=lambda k: -counts[k])
         lines.append(
             f"  ... and {n - SHOWN} more; predicted most: "
             + ", ".join(f"{names[k]} {counts[k]}" for k in ranked[:5] if counts[k])
         )
     if inputs.labels:
-        hits = sum(
-            names[k] == y for k, y in zip(probs.argmax(1).tolist(), inputs.labels, strict=True)
-        )
+        hits = sum(names[k] == y for k, y in zip(predicted.tolist(), inputs.labels, strict=True))
         lines.append(f"  accuracy against the input's labels: {hits / n:.1%} ({hits}/{n})")
     for name, why in inputs.unreadable:
         lines.append(f"  unreadable, not predicted: {name} ({why})")

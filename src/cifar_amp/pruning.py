@@ -1,12 +1,7 @@
-"""Extra (hparams_search=optuna, docs/scaling.md): each epoch's validation accuracy goes to the
-Optuna trial this job runs, and training stops early when the study's pruner says so.
-
-Not optuna-integration's PyTorchLightningPruningCallback: in one process it raises TrialPruned
-inside Lightning's validation hook, which Lightning handles as a crash: the job ends without
-testing or metrics.json, and MLflow/W&B mark the run FAILED (measured: docs/scaling.md). Here
-training stops as EarlyStopping would, the job ends normally, and the trial records the epoch
-(PRUNED_AT), from which the sweeper records it as PRUNED. Under DDP rank zero decides and tells
-the others."""
+"""Extra (hparams_search=optuna, docs/scaling.md): each epoch's `monitor` goes to this job's
+Optuna trial, and training stops early when the pruner says so. Not optuna-integration's
+callback: its TrialPruned inside Lightning's hook is a crash (no test, no metrics.json, a FAILED
+tracker run); here training stops as EarlyStopping would and the trial records PRUNED_AT."""
 
 from __future__ import annotations
 
@@ -20,10 +15,7 @@ log = logging.getLogger(__name__)
 
 
 class OptunaPruning(Callback):
-    """Args:
-    monitor: the metric reported once per epoch (the pruner compares trials at the same
-        epoch, whatever their batch size).
-    """
+    """`monitor` is reported once per epoch: the pruner compares trials of any batch size."""
 
     def __init__(self, monitor: str) -> None:
         self.monitor = monitor
@@ -44,17 +36,14 @@ class OptunaPruning(Callback):
         if self.trial is None or trainer.sanity_checking or score is None:
             return
         prune, epoch = False, trainer.current_epoch
-        if trainer.is_global_zero:
+        if trainer.is_global_zero:  # decides for all ranks
             self.trial.report(float(score), step=epoch)
             prune = self.trial.should_prune()
             if prune:
                 self.trial.set_user_attr(PRUNED_AT, epoch)
                 log.info(
-                    "Pruning: trial %d stops after epoch %d (%s=%.4f)",
-                    self.trial.number,
-                    epoch,
-                    self.monitor,
-                    score,
+                    f"Pruning: trial {self.trial.number} stops after epoch {epoch} "
+                    f"({self.monitor}={score:.4f})"
                 )
         if trainer.strategy.broadcast(prune):
             trainer.should_stop = True

@@ -1,12 +1,5 @@
-"""Extra (docs/fork.md): runs that survive kills, full disks and NaNs. Nothing in the core
-imports this module; configs/callbacks/reliability/ and configs/trainer/reliability/ attach it.
-
-- SaveOnSignal: SIGTERM (preemption, scancel, kill) or the first Ctrl+C finishes the batch,
-  saves last.ckpt and prints the command that resumes the run (exit 128 + signal).
-- AtomicCheckpointIO: checkpoint writes that a kill or a full disk cannot tear.
-- StopOnNonFiniteLoss: stop a run whose loss stays inf/NaN, never checkpointing broken weights.
-See docs/reliability.md.
-"""
+"""Extra (docs/fork.md): runs that survive kills, full disks and NaNs (docs/reliability.md).
+Nothing in the core imports it; configs/{callbacks,trainer}/reliability/ attach it."""
 
 from __future__ import annotations
 
@@ -24,6 +17,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -32,7 +27,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from cifar_amp.errors import UserError
 
 log = logging.getLogger(__name__)
-# `.<target name>.<random>.tmp`: what write_atomically leaves if killed mid-write.
+# What write_atomically leaves if killed mid-write.
 _TEMP_NAME = re.compile(r"\..+\.ckpt\.[A-Za-z0-9_]+\.tmp")
 
 
@@ -42,10 +37,9 @@ class CheckpointWriteError(UserError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Why not Lightning's TorchCheckpointIO alone: it writes through an fsspec transaction that
-    stages the file in the system temp dir and `shutil.move`s it; when /tmp is another
-    filesystem (usual on clusters) that move is a copy, so a kill mid-copy leaves a truncated
-    last.ckpt, and nothing is fsync'ed. Remote paths (s3://, ...) keep Lightning's behaviour."""
+    """Why not Lightning's TorchCheckpointIO: it stages the file in the system temp dir and moves
+    it, a copy where /tmp is another filesystem (usual on clusters) that a kill leaves truncated,
+    never fsync'ed. Remote paths (s3://, ...) keep Lightning's behaviour."""
 
     _cleaned: set[Path] = set()
 
@@ -53,7 +47,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or not _is_local_path(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         folder = Path(path).parent
-        if folder not in self._cleaned:  # before the first write there (the run dir is locked)
+        if folder not in self._cleaned:  # once, before the first write (the run dir is locked)
             self._cleaned.add(folder)
             for p in folder.glob(".*.tmp"):
                 if _TEMP_NAME.fullmatch(p.name) and p.is_file():
@@ -64,17 +58,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
     """Write `target` with `write(file)` through a temp file beside it, fsync'ed and renamed over
-    it: readers see the old file or the new one, never a part. Any failure leaves the previous
-    `target` and no temp file; an OSError becomes a one-line CheckpointWriteError."""
+    it; a failure leaves the previous `target` (an OSError: a one-line CheckpointWriteError)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    # 0o666 filtered by the umask is what a plain open() would give a new file.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     try:
-        # 0o666 filtered by the umask is what a plain open() would give a new file.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    except OSError as e:
-        raise _write_error(target, e) from e
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(os.open(tmp, flags, 0o666), "wb") as f:
             if target.exists():  # an overwrite keeps the file's mode, as open(target, "wb") would
                 os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
             write(f)
@@ -83,9 +73,10 @@ def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
         os.replace(tmp, target)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise _write_error(target, e) from e
-        raise
+        if not isinstance(e, OSError):
+            raise
+        kept = "its previous version is kept" if target.exists() else "no earlier version existed"
+        raise CheckpointWriteError(f"cannot write {target}: {e.strerror or e}; {kept}") from e
     with contextlib.suppress(OSError):  # make the rename durable (Windows cannot open dirs)
         fd = os.open(target.parent, os.O_RDONLY)
         try:
@@ -94,28 +85,16 @@ def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
             os.close(fd)
 
 
-def _write_error(target: Path, e: OSError) -> CheckpointWriteError:
-    kept = "its previous version is kept" if target.exists() else "no earlier version existed"
-    return CheckpointWriteError(f"cannot write {target}: {e.strerror or e}; {kept}")
-
-
 def _is_local_path(path) -> bool:
-    # Private: whether `path` is on the local filesystem (no fsspec protocol such as s3://), by
-    # the rule Lightning's own checkpoint code uses.
-    from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-
+    # No fsspec protocol such as s3://, by Lightning's own (private) rule.
     return _is_local_file_protocol(path)
 
 
 # -- SIGTERM (preemption, scancel, kill) and Ctrl+C --------------------------------------------
 class SaveOnSignal(Callback):
     """Save last.ckpt and stop cleanly on SIGTERM and on the first Ctrl+C; a second aborts.
-
-    Built on Lightning's signal connector: on SIGTERM it finishes the current training batch
-    and raises SIGTERMException at the batch boundary (telling DDP ranks too). The first Ctrl+C
-    is routed the same way (Lightning alone would abort mid-step); when the exception arrives
-    this saves last.ckpt and prints the exact command that resumes the run.
-    """
+    Lightning's signal connector finishes the batch and raises SIGTERMException (on all DDP
+    ranks); Ctrl+C is routed the same way, as Lightning alone would abort mid-step."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -159,14 +138,14 @@ class SaveOnSignal(Callback):
         self._restore()
         if not isinstance(exception, SIGTERMException):
             return
-        exception.signum = self.signum or signal.SIGTERM  # the core exits with 128 + it
+        exception.signum = signum = self.signum or signal.SIGTERM  # the core exits 128 + it
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path)
         if trainer.is_global_zero:
-            name = signal.Signals(self.signum or signal.SIGTERM).name
             msg = (
-                f"{name}: stopped at epoch {trainer.current_epoch}, step {trainer.global_step}; "
-                f"saved {path}. Resume with: {resume_command(path, trainer.default_root_dir)}"
+                f"{signal.Signals(signum).name}: stopped at epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step}; saved {path}. Resume with: "
+                f"{resume_command(path, trainer.default_root_dir)}"
             )
             log.warning(msg)
             print(msg, file=sys.stderr, flush=True)
@@ -181,14 +160,12 @@ class SaveOnSignal(Callback):
 
 
 def _set_received_sigterm(trainer, value: bool) -> None:
-    # Private: the flag Lightning's training loop checks at each batch boundary to stop on
-    # SIGTERM; `Trainer.received_sigterm` is a read-only property over it.
+    # Private: the flag Lightning checks at each batch boundary (`received_sigterm` is read-only).
     trainer._signal_connector.received_sigterm = value
 
 
 def last_checkpoint_path(trainer) -> Path:
-    """Where the checkpoint callbacks write last.ckpt, so that `ckpt_path=<run>/checkpoints/
-    last.ckpt` is always the newest state."""
+    """Where the checkpoint callbacks write last.ckpt, so that it is always the newest state."""
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.dirpath:
             return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
@@ -198,8 +175,6 @@ def last_checkpoint_path(trainer) -> Path:
 def resume_command(ckpt: Path, run_dir: str) -> str:
     """The command line that continues this run in the same run dir from `ckpt`, without
     overrides that start a run from other weights (`init_from`: a resume has its own)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return f"train(cfg) with ckpt_path={ckpt}"
     drop = ("ckpt_path=", "hydra.run.dir=", "init_from=")
@@ -215,19 +190,11 @@ class NonFiniteLossError(UserError):
 
 
 class StopOnNonFiniteLoss(Callback):
-    """Reports non-finite training losses with their step and stops after `patience` in a row.
-
-    The loss is counted, not the gradients: under 16-mixed the GradScaler skips steps with
-    inf gradients on its own, which is normal; a loss that stays inf/NaN is not.
-    A step only keeps its loss (a device tensor; no op at all). Every `check_every` steps the
-    kept losses are checked at once on the device (the run of non-finite ones, and the first)
-    and the result is copied to the host without waiting (CUDA: into pinned memory, behind an
-    event); the copy is read at the next check, when it has long arrived: the training step
-    never waits for the GPU. The price is that a stop comes up to 2 x `check_every` steps late
-    on a GPU (`check_every` on CPU, where the copy is immediate). Before every checkpoint write
-    the losses are checked and read at once (waiting), and a checkpoint is never written from
-    non-finite weights, so last.ckpt and the best checkpoint stay the last good ones.
-    """
+    """Reports non-finite training losses with their step and stops after `patience` in a row
+    (losses, not gradients: under 16-mixed the GradScaler skips inf-gradient steps on its own).
+    Every `check_every` steps the losses are checked on the device and the result read at the
+    next check, so a step never waits for the GPU; a checkpoint write waits, and refuses
+    non-finite weights."""
 
     def __init__(self, patience: int = 10, check_every: int = 25) -> None:
         if patience < 1 or check_every < 1:
@@ -257,8 +224,7 @@ class StopOnNonFiniteLoss(Callback):
             *pl_module.parameters(),
             *(b for b in pl_module.buffers() if b.is_floating_point()),
         ]
-        finite = torch.stack([t.detach().isfinite().all() for t in tensors]).all()
-        if not finite:
+        if not torch.stack([t.detach().isfinite().all() for t in tensors]).all():
             self._stop(trainer, f"the weights became non-finite by step {trainer.global_step}")
 
     def _check(self, trainer, wait: bool) -> None:
@@ -310,8 +276,7 @@ class StopOnNonFiniteLoss(Callback):
 
 
 class _HostCopy:
-    """A small device tensor copied to the host without the host waiting for it (CUDA: pinned
-    memory, non-blocking copy, an event that says when it has arrived)."""
+    """A device tensor copied to the host without waiting (CUDA: pinned memory, an event)."""
 
     def __init__(self, tensor: torch.Tensor, steps: list[int]) -> None:
         self.steps = steps  # the global steps of the losses checked

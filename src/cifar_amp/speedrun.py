@@ -18,17 +18,10 @@ log = logging.getLogger(__name__)
 
 
 class EMA(EMAWeightAveraging):
-    """Lightning's `EMAWeightAveraging` (same arguments, same schedule of updates, same
-    checkpoint contents: the average in `state_dict`, the raw weights in
-    `current_model_state`), updated without reading the device.
-
-    Why not the parent's update: it calls `AveragedModel.update_parameters`, which reads the
-    update count on the host twice per call (`bool(n_averaged == 0)`, `if n_averaged > 0`), each
-    a device sync, and averages tensor by tensor in Python. Here whether the average holds
-    weights yet is known on the host (read once per fit), the floating-point tensors are
-    averaged by torch's `get_ema_multi_avg_fn` (one `_foreach_lerp_`), integer buffers
-    (BatchNorm's batch counter) are copied, and the count is incremented on the device.
-    """
+    """Lightning's `EMAWeightAveraging` (same arguments, updates and checkpoint contents),
+    updated without reading the device: the parent's `AveragedModel.update_parameters` reads
+    the update count on the host twice per call and averages tensor by tensor. Here the count
+    is read once per fit, and the average is one `_foreach_lerp_`."""
 
     def __init__(self, *args, decay: float = 0.999, **kwargs) -> None:
         super().__init__(*args, decay=decay, **kwargs)
@@ -49,9 +42,8 @@ class EMA(EMAWeightAveraging):
         self._trained = None
 
     def on_train_end(self, trainer, pl_module) -> None:
-        # The parent puts the average into the module. A checkpoint written after this (the
-        # step checkpointer's final last.ckpt) must still hold the trained weights as
-        # `current_model_state`, or a resume that trains longer would go on from the average.
+        # The parent puts the average into the module; a last.ckpt written after this must
+        # still hold the trained weights, or a resume that trains longer goes on from the average.
         self._trained = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         super().on_train_end(trainer, pl_module)
 
@@ -61,26 +53,15 @@ class EMA(EMAWeightAveraging):
             checkpoint["current_model_state"] = self._trained
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        # Only a fit goes on from the trained weights. A test or validation of a checkpoint
-        # (the best one, after fit) evaluates its `state_dict`, the average, as eval.py does;
-        # the parent would load the trained weights whenever it has an average model.
+        # Only a fit goes on from the trained weights; a test evaluates the checkpoint's
+        # `state_dict`, the average, as eval.py does (the parent would load the trained ones).
         if trainer.state.fn == TrainerFn.FITTING:
             super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        # The parent's rule: step_idx is zero-based, one update per optimizer step.
-        if trainer.global_step > self._latest_update_step and self.should_update(
-            step_idx=trainer.global_step - 1
-        ):
-            self._update(pl_module)
-            self._latest_update_step = trainer.global_step
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.current_epoch > self._latest_update_epoch and self.should_update(
-            epoch_idx=trainer.current_epoch
-        ):
-            self._update(pl_module)
-            self._latest_update_epoch = trainer.current_epoch
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit":  # the parent's hooks, on its schedule, update through ours
+            self._average_model.update_parameters = self._update
 
     @torch.no_grad()
     def _update(self, pl_module) -> None:
@@ -104,9 +85,8 @@ class EMA(EMAWeightAveraging):
         return [c.to(a.device) for a, c in zip(average, current, strict=True)]
 
     def _split(self, average: torch.nn.Module, model: torch.nn.Module) -> tuple[list, ...]:
-        """(averaged, their sources, copied, their sources): floating-point parameters (and
-        buffers, with `use_buffers`) are averaged; integer buffers (BatchNorm's batch
-        counter), and all buffers without `use_buffers` (as AveragedModel does), are copied."""
+        """(averaged, their sources, copied, their sources): as AveragedModel, buffers are copied
+        unless `use_buffers`, and integer ones (BatchNorm's batch counter) always."""
         params = list(zip(average.parameters(), model.parameters(), strict=True))
         buffers = list(zip(average.buffers(), model.buffers(), strict=True))
         averaged = params + buffers if self._use_buffers else params
@@ -117,16 +97,10 @@ class EMA(EMAWeightAveraging):
         return tuple([pair[i] for pair in group] for group in (lerp, copy) for i in (0, 1))
 
 
-# -- patch whitening ----------------------------------------------------------------------
-# Data-dependent initialisation of the first conv as a patch-whitening filter bank.
-#
-# As in the public speed-run scripts: the k x k patches of the training images are decorrelated
-# by the eigenvectors of their covariance scaled by 1/sqrt(eigenvalue + eps), so the first layer
-# starts out (and, frozen, stays) a whitening transform; each filter also gets its negative so
-# that the following GELU loses no information. Unlike those scripts we centre the patches and
-# put the mean in the bias, so the layer's output is zero-mean with identity covariance.
-
-
+# -- patch whitening: the first conv starts as (and, frozen, stays) a whitening transform of
+# the training images' k x k patches, as in the public speed-run scripts; each filter also gets
+# its negative so that the GELU after it loses nothing. Unlike those scripts the patches are
+# centred (the mean goes in the bias).
 def patches(x: Tensor, kh: int, kw: int) -> Tensor:
     """All kh x kw patches (stride 1, no padding) of `x` (N, C, H, W) as rows (M, C*kh*kw),
     flattened in the order of a conv weight (C, kh, kw)."""
@@ -138,9 +112,8 @@ def patches(x: Tensor, kh: int, kw: int) -> Tensor:
 def whitening_weights(
     x: Tensor, kh: int, kw: int, eps: float, chunk: int = 512
 ) -> tuple[Tensor, Tensor]:
-    """(W, b) with W (d, C, kh, kw) such that conv(x, W) + b has zero mean and about identity
-    covariance over the patches of `x`; d = C*kh*kw. Accumulated in float64 by chunks of images
-    so that memory stays bounded on any device."""
+    """(W, b) with W (d, C, kh, kw), d = C*kh*kw, such that conv(x, W) + b has zero mean and about
+    identity covariance over the patches of `x`; float64 sums by chunks bound the memory."""
     d = x.shape[1] * kh * kw
     total = torch.zeros(d, dtype=torch.float64)
     outer = torch.zeros(d, d, dtype=torch.float64)
@@ -159,13 +132,9 @@ def whitening_weights(
 
 
 class PatchWhitening(Callback):
-    """When fit starts, set `layer` (a Conv2d of the LightningModule) to [W, -W] whitening
-    filters computed from the first `num_images` training images of the datamodule.
-
-    The layer needs between d and 2d output channels (d = in_channels * kernel area: 12 for
-    a 2x2 conv on RGB). `freeze` keeps its weights fixed (its bias still trains), as the
-    speed-run scripts do. Not re-run when resuming: the checkpoint holds the layer.
-    """
+    """When fit starts, set `layer` (a Conv2d with d to 2d outputs, d = in_channels * kernel
+    area) to [W, -W] whitening filters of the first `num_images` training images. `freeze`
+    keeps its weights (not its bias) fixed. A resume keeps the checkpoint's layer."""
 
     def __init__(
         self,
@@ -212,9 +181,8 @@ class PatchWhitening(Callback):
             return
         conv = self.conv(pl_module)
         if trainer.ckpt_path is None:
-            loader = (
-                trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
-            )
+            dm = trainer.datamodule
+            loader = dm.train_dataloader() if dm is not None else None
             if not all(hasattr(loader, a) for a in ("images", "mean", "std")):
                 raise UserError(
                     "PatchWhitening needs the template's CIFARDataModule (device-resident images)"

@@ -1,11 +1,6 @@
-"""Extra (docs/fork.md): MLflow and W&B runs that a resume continues, whichever way it resumes
-(same run dir, a new one, after SIGTERM, a SLURM requeue, a job of a multirun). Nothing in the
-core imports this module; configs/logger/{mlflow,wandb}.yaml name these classes.
-
-The core gives every logger the resolved config and metrics.json's numbers, writes each
-logger's `version` (MLflow run id, W&B id) into every checkpoint by the logger's config key,
-and builds a logger whose constructor takes `version` with the recorded one on resume.
-"""
+"""Extra (docs/fork.md): MLflow and W&B runs that a resume continues, however it resumes
+(docs/tracking.md). The core records each logger's `version` in checkpoints and passes it back
+on resume. Nothing in the core imports this module; configs/logger/ name these classes."""
 
 from __future__ import annotations
 
@@ -18,9 +13,8 @@ log = logging.getLogger(__name__)
 
 
 def mlflow_params(params: dict) -> dict[str, str]:
-    """The params MLFlowLogger logs for `params`: flat `a/b` keys, text values (<= 250 chars)."""
-    # Private: Lightning's own flattening (MLFlowLogger.log_hyperparams), so that a continued
-    # run can be told which params it already has.
+    """The params MLFlowLogger logs for `params` (flat `a/b` keys, text values <= 250 chars),
+    by Lightning's own (private) flattening, so that a continued run knows which it has."""
     from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 
     return {k: str(v)[:250] for k, v in _flatten_dict(_convert_params(params)).items()}
@@ -30,24 +24,20 @@ class MLFlowLogger(loggers.MLFlowLogger):
     """Lightning's MLFlowLogger; `version`: the run to continue (where the store still has it)."""
 
     def __init__(self, *args, version: str | None = None, **kwargs) -> None:
-        self.continued = False
-        uri = kwargs.get("tracking_uri") or ""
-        if uri.startswith("sqlite:///"):
-            # Jobs of a parallel sweep that start together would each create a new store's
-            # tables, or the experiment, and all but one fail (alembic's migration race, a
-            # unique name): one at a time, the others find them made.
-            from filelock import FileLock
-            from mlflow import MlflowClient
+        from filelock import FileLock
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
 
+        self.continued = False
+        uri = kwargs.get("tracking_uri")
+        if uri and uri.startswith("sqlite:///"):
+            # Parallel jobs that start together would each create the store's tables or the
+            # experiment, and all but one fail: one at a time, the others find them made.
             with FileLock(uri.removeprefix("sqlite:///") + ".lock"):
                 client, name = MlflowClient(uri), kwargs.get("experiment_name", "lightning_logs")
                 if client.get_experiment_by_name(name) is None:
                     client.create_experiment(name, kwargs.get("artifact_location"))
         if version and not kwargs.get("run_id"):
-            from mlflow import MlflowClient
-            from mlflow.exceptions import MlflowException
-
-            uri = kwargs.get("tracking_uri")
             try:
                 MlflowClient(uri).get_run(version)
                 kwargs["run_id"], self.continued = version, True
@@ -73,12 +63,9 @@ class MLFlowLogger(loggers.MLFlowLogger):
 
 
 class WandbLogger(loggers.WandbLogger):
-    """Lightning's WandbLogger (its `version` is the W&B id), whose run ends with the job.
-
-    A process runs one W&B run at a time, and Lightning's WandbLogger takes over a run left open
-    (a multirun's next job), so the run ends at the core's last call, `finalize("finished")`
-    (also Lightning's before a SLURM requeue), or when the job fails; Lightning's
-    `finalize("success")` only ends a stage (fit, then test)."""
+    """Lightning's WandbLogger (`version`: the W&B id), whose run ends with the job, or a
+    multirun's next job would take it over: at `finalize("finished")` (the core's last call,
+    Lightning's before a SLURM requeue) or a failure; "success" only ends a stage."""
 
     def finalize(self, status: str) -> None:
         super().finalize(status)

@@ -66,12 +66,9 @@ def Timm(
             ) from e
     if args.get("pretrained"):
         cfg = net.pretrained_cfg
+        size = "x".join(map(str, cfg.get("input_size", ())[1:])) or "?"
         log.info(
-            "timm %s: pretrained on %s images normalised with mean %s, std %s (data.mean, "
-            "data.std should match)",
-            name,
-            "x".join(map(str, cfg.get("input_size", ())[1:])) or "?",
-            cfg.get("mean"),
-            cfg.get("std"),
+            f"timm {name}: pretrained on {size} images normalised with mean {cfg.get('mean')}, "
+            f"std {cfg.get('std')} (data.mean, data.std should match)"
         )
     return net

@@ -1,13 +1,5 @@
-"""Ask a batch of trials, launch it through Hydra's launcher, tell each trial how its job ended.
-
-The search space is Hydra's sweep syntax, `hydra.sweeper.params` then the command line:
-`interval(a, b)` is a float range (`tag(log, interval(a, b))`: on a log scale), an ascending
-`range(a, b[, step])` of ints a stepped int range, any other sweep (`choice(...)`, `a,b,c`) a
-set of categories; a plain value on the command line fixes that key. Each job gets its trial
-through its environment (trial.py), to report to it and be pruned. How a job ended: a finite
-return value is COMPLETE; a job that recorded PRUNED_AT or raised TrialPruned is PRUNED; any
-other end (NaN or None returned, an exception, a job the launcher lost) is FAIL, and the sweep
-goes on. optuna is imported where it is used: Hydra imports every plugin at start-up.
+"""Ask a batch of trials, launch it through Hydra's launcher, tell each trial how its job ended
+(docs/scaling.md). optuna is imported where it is used: Hydra imports every plugin at start-up.
 """
 
 import logging
@@ -29,14 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from .trial import PRUNED_AT, STORAGE, STUDY_NAME, TRIAL_ID
 
 log = logging.getLogger(__name__)
-# A failed job's one-line reason, in its directory. The project's jobs write it themselves for
-# the errors they report (cifar_amp.cli); the sweep's summary callback names every job that
-# has one and ends the sweep with exit code 2.
+# A failed job's one-line reason, in its dir (cifar_amp.cli writes those it reports); the sweep's
+# summary names every job that has one and exits 2.
 ERROR_FILE = "error.txt"
 
 
 def distribution(override: Override) -> Any:
-    """The Optuna distribution of one sweep override (see the module doc)."""
+    """`interval(a, b)`: a float range (tagged `log`: on a log scale); an ascending int `range`:
+    a stepped int range; any other sweep (`choice`, `a,b,c`): categories."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     sweep = override.value()
@@ -87,12 +79,9 @@ def override_value(value: Any) -> str:
     return quoted(value)
 
 
-class Exhausted(Exception):
-    """The sampler has tried everything (the grid and brute-force samplers stop the study)."""
-
-
 def outcome(study: Any, trial: Any, ret: Optional[JobReturn]) -> Tuple[Any, Optional[float], str]:
-    """(state, value, the reason of a FAIL or '') of the job that ran `trial`."""
+    """(state, value, the reason of a FAIL or '') of the job that ran `trial`: a finite return
+    is COMPLETE, PRUNED_AT or TrialPruned is PRUNED, any other end FAIL."""
     import optuna
     from optuna.trial import TrialState
 
@@ -116,20 +105,19 @@ def outcome(study: Any, trial: Any, ret: Optional[JobReturn]) -> Tuple[Any, Opti
     return TrialState.FAIL, None, f"{type(error).__name__}: {error}".replace("\n", " ")
 
 
-def tell(study: Any, trial: Any, ret: Optional[JobReturn]) -> str:
+def tell(study: Any, trial: Any, ret: Optional[JobReturn]) -> Tuple[str, bool]:
     """Record in the study how the job of `trial` ended (a PRUNED trial keeps its last reported
-    value); the reason of a FAIL, else ''. Raises Exhausted after recording it, if the sampler
-    has nothing left to try."""
+    value): (the reason of a FAIL or '', whether the sampler has tried everything)."""
     state, value, reason = outcome(study, trial, ret)
     try:
         study.tell(trial, value, state=state)
     except RuntimeError as e:
-        # A sampler that is done calls Study.stop(), which Optuna refuses outside optimize();
-        # the trial is recorded all the same.
+        # A sampler that is done (grid, brute force) calls Study.stop(), refused outside
+        # optimize(); the trial is told all the same.
         if "Study.stop" not in str(e):
             raise
-        raise Exhausted(reason) from None
-    return reason
+        return reason, True
+    return reason, False
 
 
 class SpaceChanged(CompactHydraException, ValueError):
@@ -219,10 +207,9 @@ class OptunaAskTellSweeper(Sweeper):
                 returns = [None] * len(trials)
             for trial, ret in zip(trials, returns, strict=True):
                 job = len(ran)
-                try:
-                    reason = tell(study, trial, ret)
-                except Exhausted as e:
-                    reason, exhausted = str(e), True
+                reason, done = tell(study, trial, ret)
+                if done:
+                    exhausted = True
                     log.info(f"The sampler has tried every value after trial {trial.number}")
                 if reason:
                     job_dir = Path(

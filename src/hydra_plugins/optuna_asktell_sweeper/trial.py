@@ -1,9 +1,6 @@
-"""Job side: re-open the trial that the sweeper asked for this job, to report to it and prune.
-
-The sweeper passes the trial through the job's environment (`hydra.job.env_set`). A job whose
-trial should be pruned either stops early and records the epoch as the trial's user attribute
-PRUNED_AT (its tracker runs and results end normally), or raises `optuna.TrialPruned`; the
-sweeper records the trial as PRUNED either way."""
+"""Job side: re-open the trial the sweeper asked for this job (passed in its environment), to
+report to it. A pruned job records the epoch as user attribute PRUNED_AT and ends normally, or
+raises `optuna.TrialPruned`: the sweeper records PRUNED either way."""
 
 import os
 from typing import Any, Optional
@@ -13,8 +10,8 @@ PRUNED_AT = "pruned_at"
 
 
 def configured_pruner() -> Optional[dict]:
-    """This job's `hydra.sweeper.pruner` as a plain dict (a process without Hydra's config,
-    such as one that ddp_spawn starts, can still build it); None outside a Hydra job."""
+    """This job's `hydra.sweeper.pruner` as a plain dict, which a process without Hydra's config
+    (ddp_spawn's) can build; None outside a Hydra job."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -25,9 +22,8 @@ def configured_pruner() -> Optional[dict]:
 
 
 def current_trial(pruner: Optional[dict] = None) -> Optional[Any]:
-    """This job's running `optuna.trial.Trial`, or None outside an optuna_asktell sweep (or in
-    one without a storage). Its `should_prune()` asks the pruner of the config `pruner`, by
-    default `configured_pruner()`."""
+    """This job's running `optuna.trial.Trial`, whose `should_prune()` asks `pruner` (default:
+    configured_pruner()); None outside an optuna_asktell sweep with a storage."""
     if TRIAL_ID not in os.environ:
         return None
     import optuna
