@@ -102,7 +102,7 @@ def test_benchmark_defaults_on_unless_deterministic(make_cfg, overrides, expecte
     "argv",
     [
         ["experiment=cpu_quick", "data.data_dir=x"],
-        ["hydra.run.dir=/tmp/x", "seed=3", "model=resnet18", "model.activation_checkpointing=2"],
+        ["hydra.run.dir=/tmp/x", "seed=3", "model=speednet", "model.activation_checkpointing=2"],
         ["+callbacks.extra._target_=x.Y"],
         ["-m", "precision=32-true,bf16-mixed,16-mixed"],
         ["experiment=precision_sweep", "precision=32-true,bf16-mixed"],  # a sweep config, no -m

@@ -244,7 +244,7 @@ def test_export_reads_its_checkpoint_as_data_once(real_images, tmp_path, evil_ck
 def test_export_names_what_it_takes_from_the_checkpoint(capsys):
     compose_cfg("export")  # registers export's schema
     with pytest.raises(SystemExit) as e:
-        cli.check_overrides(["ckpt_path=x.ckpt", "model=resnet18"], CONFIGS, "export")
+        cli.check_overrides(["ckpt_path=x.ckpt", "model=speednet"], CONFIGS, "export")
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
-    assert "model=resnet18: cifar_amp.export takes the network from the checkpoint" in err
+    assert "model=speednet: cifar_amp.export takes the network from the checkpoint" in err
