@@ -26,7 +26,7 @@ from test_ddp import run_in_session
 
 
 def test_a_sweep_job_that_refuses_fails_alone_through_the_configured_callback(tmp_path):
-    # configs/hydra/multirun adds the callback; cli.job finds its run_job there.
+    # configs/hydra/sweep_jobs adds the callback; cli.job finds its run_job there.
     cfg = compose_cfg("train", ["seed=3"], return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.mode = RunMode.MULTIRUN

@@ -2,7 +2,7 @@
 `<job dir>/error.txt`, NaN to the sweeper), whichever DDP rank failed, and the sweep ends with a
 summary naming the failed jobs (exit 2).
 
-configs/hydra/multirun/ adds SweepSummary to Hydra's callbacks; cli.job finds its `run_job`
+configs/hydra/sweep_jobs/ adds SweepSummary to Hydra's callbacks; cli.job finds its `run_job`
 there and runs each job through it.
 
 Under DDP, Lightning starts ranks > 0 by re-running `sys.argv` with `hydra.run.dir=<the job's
