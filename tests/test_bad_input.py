@@ -9,7 +9,6 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-import lightning.pytorch.accelerators
 import pytest
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
@@ -29,11 +28,6 @@ CONFIG_CASES = [
     (["data.batch_size=0"], "data.batch_size: 0; must be >= 1"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val: -1; must be >= 0"),
     (["data.val_split=1.5"], "data.val_split: 1.5; must be in [0, 1)"),
-    (["trainer.devices=4096"], "trainer.devices=4096: only"),
-    (
-        ["trainer.strategy=ddp"],
-        "trainer.strategy=ddp with trainer.devices=1 on CPU is a single process",
-    ),
     (["module.compile_mode=fast"], "module.compile_mode: 'fast'; valid: default, reduce-overhead"),
     (
         ["precision=16-mixed", "module.optimizer.fused=true", "trainer.gradient_clip_val=1"],
@@ -66,30 +60,6 @@ def test_bad_config_fails_at_composition(override, message):
     with pytest.raises(Exception) as e:
         compose_cfg("train", [override])
     assert message in str(e.value)
-
-
-@pytest.mark.parametrize("accelerator", ["gpu", "cuda", "mps", "tpu"])
-def test_a_device_asked_where_there_is_none(make_cfg, monkeypatch, accelerator):
-    for name in ("CUDAAccelerator", "MPSAccelerator", "XLAAccelerator"):
-        monkeypatch.setattr(
-            getattr(lightning.pytorch.accelerators, name),
-            "is_available",
-            staticmethod(lambda: False),
-        )
-    with pytest.raises(
-        UserError,
-        match=f"this run needs a {accelerator} device \\(trainer.accelerator={accelerator}\\) "
-        "and none is visible here; .* add trainer=cpu",
-    ):
-        train(make_cfg(f"trainer.accelerator={accelerator}"))
-
-
-@pytest.mark.parametrize("devices", ["2", "'2'"])  # an int, a string
-def test_several_devices_with_a_one_device_strategy_are_refused(make_cfg, devices):
-    # Lightning used one of them and said nothing.
-    cfg = make_cfg(f"trainer.devices={devices}", "trainer.strategy=single_device")
-    with pytest.raises(UserError, match="with trainer.strategy=single_device: that strategy runs"):
-        build.trainer(cfg)
 
 
 def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):

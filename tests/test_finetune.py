@@ -38,7 +38,7 @@ def test_init_from_a_cifar10_checkpoint_into_100_classes(
     module = build.module(cfg, dm.num_classes)
     fresh = {k: v.clone() for k, v in module.net.state_dict().items()}
     with caplog.at_level(logging.INFO, logger="cifar_amp.finetune"):
-        finetune.FineTune(cfg.init_from).before_run(module)
+        finetune.FineTune(cfg.init_from).before_run(None, module)
     for key, value in module.net.state_dict().items():
         if key in HEAD:  # re-initialised: as built, sized for 100 classes
             assert value.shape[0] == 100 and torch.equal(value, fresh[key])
@@ -61,7 +61,7 @@ def test_init_from_a_cifar10_checkpoint_into_100_classes(
 def test_same_class_count_loads_the_head_too(make_cfg, cifar_ckpt, tmp_path):
     cfg = make_cfg(f"init_from={cifar_ckpt}", f"run_dir={tmp_path / 'again'}")
     module = build.module(cfg, 10)
-    finetune.FineTune(cfg.init_from).before_run(module)
+    finetune.FineTune(cfg.init_from).before_run(None, module)
     saved = torch.load(cifar_ckpt, map_location="cpu", weights_only=False)["state_dict"]
     assert torch.equal(module.net.state_dict()["head.3.weight"], saved["net.head.3.weight"])
 

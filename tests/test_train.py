@@ -6,7 +6,6 @@ import logging
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from cifar_amp import build, metrics
@@ -266,25 +265,3 @@ def test_compiled_network_trains_and_saves_plain_keys(make_cfg, tmp_path):
     keys = weights(tmp_path / "checkpoints" / "last.ckpt").keys()
     assert not any("_orig_mod" in k for k in keys)  # loads into an uncompiled network too
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0
-
-
-def test_per_batch_hooks_left_as_no_ops_are_not_called(make_cfg):
-    class Counting(L.Callback):
-        ends = 0
-
-        def on_train_batch_end(self, *args) -> None:
-            Counting.ends += 1
-
-    counting, stock = Counting(), LearningRateMonitor()  # stock: defines on_train_batch_start
-    cfg = make_cfg("logger=csv")  # one epoch
-    trainer = build.trainer(cfg, callbacks=[counting, stock], loggers=build.loggers(cfg).values())
-    # Lightning skips a hook that is not callable; each hook a class defines stays.
-    assert counting.on_before_backward is None and counting.on_train_batch_start is None
-    assert callable(stock.on_train_batch_start) and stock.on_before_backward is None
-    assert callable(counting.setup) and callable(counting.on_train_epoch_end)
-    dm = build.datamodule(cfg)
-    module = build.module(cfg, dm.num_classes)
-    assert module.on_before_backward is None and callable(module.on_train_batch_end)
-    trainer.fit(module, datamodule=dm)
-    assert Counting.ends == trainer.num_training_batches > 1
-    assert metrics.TRAIN_ACC in trainer.callback_metrics  # logged by the module's own hook

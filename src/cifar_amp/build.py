@@ -3,28 +3,19 @@ part decides for another (classes, layout, run dir, tracked runs) passes here an
 
 import inspect
 import logging
-import os
 from collections.abc import Mapping
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
-from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
 from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
-TRAINING_STEP_HOOKS = tuple(
-    "on_train_batch_start on_train_batch_end on_before_backward on_after_backward "
-    "on_before_optimizer_step on_before_zero_grad".split()
-)
-PER_BATCH_HOOKS = TRAINING_STEP_HOOKS + tuple(
-    f"on_{s}_batch_{w}" for s in ("validation", "test", "predict") for w in ("start", "end")
-)
 
 
 def build(node, key: str, recursive: bool = True, **kwargs):
@@ -83,14 +74,6 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
             f"{prec.name}: the fused optimizer unscales the gradients inside its step, so they "
             "cannot be clipped before it; drop one of the two (32-true clips with it)"
         )
-    names = ("cuda", "mps") if t.accelerator == "gpu" else (str(t.accelerator),)
-    found = [AcceleratorRegistry[n]["accelerator"] for n in names if n in AcceleratorRegistry]
-    if found and not any(a.is_available() for a in found):  # (a name it does not know: Lightning's)
-        raise UserError(
-            f"{_chosen_by()} needs a {t.accelerator} device (trainer.accelerator={t.accelerator})"
-            " and none is visible here; to run it on this machine's CPU add trainer=cpu (or "
-            "trainer=ddp_cpu: 2 processes)"
-        )
     if (start := per_stage_ranks(t.strategy)) and HydraConfig.initialized():
         if isinstance(s := t.strategy, str):  # a registered name: its class and arguments
             s = dict(StrategyRegistry[s]["init_params"], _target_=StrategyRegistry[s]["strategy"])
@@ -100,47 +83,8 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
         overrides.setdefault("benchmark", not t.get("deterministic"))
     overrides |= {"precision": prec.trainer_precision, "logger": list(loggers) or False}
     made = build(t, "trainer", callbacks=list(callbacks), default_root_dir=cfg.run_dir, **overrides)
-    cores, cpu = os.cpu_count() or 1, made.strategy.root_device.type == "cpu"
-    if cpu and made.num_devices > cores:
-        raise UserError(
-            f"trainer.devices={t.devices}: only {cores} CPU core(s) here; valid: 1..{cores}, -1 (all) or auto"
-        )
-    if cpu and isinstance(made.strategy, DDPStrategy) and made.world_size == 1:
-        raise UserError(
-            f"trainer.strategy={t.strategy} with trainer.devices={t.devices} on CPU is a single "
-            "process; use trainer=ddp_cpu (2 processes), trainer.devices=N or trainer.strategy=auto"
-        )
-    if _asked_devices(t.devices) > 1 and made.num_devices == 1:  # Lightning: one, silently
-        raise UserError(
-            f"trainer.devices={t.devices} with trainer.strategy={t.strategy}: that strategy runs "
-            "on one device; use trainer.strategy=ddp (or auto) for several, or trainer.devices=1"
-        )
     prec.setup(made)
-    skip_unused_hooks(made.callbacks, L.Callback)
     return made
-
-
-def skip_unused_hooks(objects, base: type, hooks: tuple[str, ...] = PER_BATCH_HOOKS) -> None:
-    """Hide the per-batch hooks each of `objects` leaves as `base`'s no-ops: Lightning calls each
-    at every step unless it is not callable (~1.5 us a call: docs/benchmarks-gpu.md)."""
-    for obj in objects:
-        for hook in hooks:
-            if getattr(type(obj), hook, None) is getattr(base, hook):
-                setattr(obj, hook, None)
-
-
-def _chosen_by() -> str:
-    """The option that set the device, for a user who did not know it: recipe, else trainer."""
-    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-    picked = [(g, choices.get(g)) for g in ("experiment", "trainer")]
-    return next((f"{g}={c}" for g, c in picked if c not in (None, "default")), "this run")
-
-
-def _asked_devices(devices) -> int:
-    """How many devices `trainer.devices` names (2, "2", [0, 1], "0,1"); 0 for auto, -1."""
-    if OmegaConf.is_list(devices) or isinstance(devices, (list, tuple)) or "," in str(devices):
-        return len([d for d in str(devices).strip("[]()").split(",") if d.strip()])
-    return int(devices) if str(devices).strip().isdigit() else 0
 
 
 def per_stage_ranks(strategy) -> str | None:
@@ -169,7 +113,4 @@ def module(cfg: DictConfig, num_classes: int, channels_last=False, data_meta=Non
     # network (keeping its config for checkpoints), configure_optimizers the others.
     net = OmegaConf.to_container(cfg.model, resolve=True)
     args = dict(num_classes=num_classes, channels_last=channels_last, data_meta=data_meta)
-    made = build(cfg.module, "module", recursive=False, net=net, **args)
-    # Training steps only: Lightning reads the signatures of the module's evaluation batch hooks.
-    skip_unused_hooks([made], L.LightningModule, TRAINING_STEP_HOOKS)
-    return made
+    return build(cfg.module, "module", recursive=False, net=net, **args)

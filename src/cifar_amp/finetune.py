@@ -35,7 +35,7 @@ class FineTune(Callback):
             Checkpoint(init_from, key="init_from", trust=trust_checkpoint) if init_from else None
         )
 
-    def before_run(self, pl_module) -> None:
+    def before_run(self, trainer, pl_module) -> None:
         """Load the network weights into the built module (training.py calls this before the
         run dir is touched)."""
         if self.source is None:

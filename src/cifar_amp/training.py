@@ -65,9 +65,9 @@ def build_run(cfg: DictConfig) -> Run:
     module = build.module(cfg, dm.num_classes, prec.layout, getattr(dm, "meta", None))
     if resumed:
         resumed.check_fits(module, dm.num_classes)
-    # The fine-tuning extra's callback loads its weights now: a misfit stops the run unwritten.
+    # An extra's callback may refuse the run now, with nothing written (fine-tuning: its weights).
     for cb in (cb for cb in callbacks if hasattr(cb, "before_run")):
-        cb.before_run(module)
+        cb.before_run(trainer, module)
     return Run(cfg, prec, trainer, dm, module, resumed)
 
 
