@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import CIFAR10
 
-from cifar_amp.data import SPECS, Augment, CIFARDataModule
+from cifar_amp.data.augment import Augment
+from cifar_amp.data.cifar import SPECS, CIFARDataModule
 
 
 class UncheckedCIFAR10(CIFAR10):

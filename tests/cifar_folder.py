@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cifar_amp.data import SPECS
+from cifar_amp.data.cifar import SPECS
 
 
 def write_cifar_folder(

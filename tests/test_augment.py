@@ -3,8 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from cifar_amp.data import Augment as AugmentConfig
 from cifar_amp.data import augment
+from cifar_amp.data.augment import Augment as AugmentConfig
 
 
 def translate(x: torch.Tensor, shift: torch.Tensor, pad: int) -> torch.Tensor:
@@ -69,7 +69,7 @@ def test_draws_differ_per_image_and_repeat_per_seed_and_epoch():
 
 
 def test_loader_augments_training_batches_only_when_asked(tiny_data):
-    from cifar_amp.data import CIFARDataModule
+    from cifar_amp.data.cifar import CIFARDataModule
 
     def first_batch(cfg):
         dm = CIFARDataModule(

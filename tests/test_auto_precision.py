@@ -127,7 +127,7 @@ def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeyp
         result = train(run.cfg)
     assert probed == [["32-true", "bf16-mixed", "16-mixed"]]
     assert result[metrics.PRECISION] == "bf16-mixed"
-    probe = {k: v for k, v in result.items() if k.startswith(metrics.PRECISION_PROBE + "/")}
+    probe = {k: v for k, v in result.items() if k.startswith(A.PROBE + "/")}
     assert probe == {
         "precision_probe/32-true": pytest.approx(100),
         "precision_probe/bf16-mixed": pytest.approx(150),
@@ -145,7 +145,7 @@ def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
     chosen = first[metrics.PRECISION]
     assert chosen in ("32-true", "bf16-mixed")
     for mode in ("32-true", "bf16-mixed"):
-        assert first[f"{metrics.PRECISION_PROBE}/{mode}"] > 0
+        assert first[f"{A.PROBE}/{mode}"] > 0
     last = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)[SETTINGS]["precision"] == chosen
 
@@ -159,7 +159,7 @@ def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
         )
     )
     assert resumed[metrics.PRECISION] == chosen and resumed[metrics.EPOCHS] == 2
-    assert not any(k.startswith(metrics.PRECISION_PROBE) for k in resumed)
+    assert not any(k.startswith(A.PROBE) for k in resumed)
     # A resume in the other mode is refused, as with any recorded precision.
     other = {"32-true": "bf16-mixed", "bf16-mixed": "32-true"}[chosen]
     with pytest.raises(UserError, match=f"was trained with precision={chosen}"):

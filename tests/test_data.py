@@ -6,8 +6,9 @@ import urllib.error
 import pytest
 import torch
 
-from cifar_amp.data import SPECS, CIFARDataModule, cifar
-from cifar_amp.data import Augment as AugmentConfig
+from cifar_amp.data import cifar
+from cifar_amp.data.augment import Augment as AugmentConfig
+from cifar_amp.data.cifar import SPECS, CIFARDataModule
 from cifar_amp.errors import UserError
 from cifar_folder import write_cifar_folder
 from conftest import SUBSET

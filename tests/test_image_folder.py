@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from cifar_amp import build, metrics
-from cifar_amp.data import SPECS
+from cifar_amp.data.cifar import SPECS
 from cifar_amp.data.image_folder import ImageFolderDataModule
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate

@@ -16,7 +16,8 @@ import torch
 from PIL import Image
 
 from cifar_amp import cli, prediction
-from cifar_amp.data import SPECS, CIFARDataModule, DeviceBatches
+from cifar_amp.data.batches import DeviceBatches
+from cifar_amp.data.cifar import SPECS, CIFARDataModule
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train

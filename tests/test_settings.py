@@ -13,7 +13,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 from cifar_amp import build, config, metrics
-from cifar_amp.data import CIFARDataModule
+from cifar_amp.data.cifar import CIFARDataModule
 from cifar_amp.module import ImageClassifier
 from cifar_amp.precision import Precision
 from cifar_amp.training import train

@@ -16,8 +16,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from cifar_amp import build, metrics, tta
-from cifar_amp.data import Augment as AugmentConfig
-from cifar_amp.data import DeviceBatches, augment
+from cifar_amp.data import augment
+from cifar_amp.data.augment import Augment as AugmentConfig
+from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
 from cifar_amp.speedrun import EMA, PatchWhitening, SkipUnusedHooks, patches

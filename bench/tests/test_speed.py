@@ -11,7 +11,8 @@ import torch
 from hydra.utils import instantiate
 
 from bench import framework, loader_speed, reference_loop
-from cifar_amp.data import Augment, DeviceBatches
+from cifar_amp.data.augment import Augment
+from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.module import ImageClassifier
 from conftest import tiny_data
 

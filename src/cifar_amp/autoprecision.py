@@ -36,7 +36,6 @@ from lightning import Callback
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
-from cifar_amp import metrics
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.precision import NAMES, Precision
@@ -46,6 +45,8 @@ AUTO = "auto"
 SAFEST_FIRST = ("32-true", "bf16-mixed", "16-mixed")
 MARGIN = 1.05  # a safer candidate this close to the fastest wins
 MAX_TIMED_STEPS = 20  # per candidate, whatever the budget: enough for a steady fastest step
+# metrics.json: `precision_probe/<mode>`, a candidate's images/s in the probe (null: not finite)
+PROBE = "precision_probe"
 
 
 @dataclass
@@ -248,7 +249,7 @@ class AutoPrecision(Precision):
             log.info("Precision auto: %s, as chosen by the run resumed (no probe)", recorded)
 
     def record(self) -> dict:
-        probed = {f"{metrics.PRECISION_PROBE}/{k}": v for k, v in self.probed.items()}
+        probed = {f"{PROBE}/{k}": v for k, v in self.probed.items()}
         return super().record() | probed
 
     def setup(self, trainer) -> None:

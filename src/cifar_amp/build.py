@@ -1,5 +1,5 @@
-"""Builders: each config node made (`instantiate`), its errors told on one line by its key; what one
-part decides for another (classes, layout, run dir, tracked runs) passes here and only here."""
+"""Each config node built, its errors told on one line by key; what one part decides for another
+(classes, layout, run dir, tracked runs) passes here."""
 
 import inspect
 import logging

@@ -22,8 +22,7 @@ def few(items: list[str], n: int = 3) -> str:
 
 
 def mismatch(saved: dict, ours: dict, head_ok=lambda k, a, b: False) -> tuple[list[str], list[str]]:
-    """(problems, heads): how state dict `saved` differs from `ours` (missing keys, extra keys,
-    shapes), leaving out the tensors `head_ok(key, saved, ours)` accepts, which are listed apart."""
+    """How state dict `saved` differs from `ours`, and the shape changes `head_ok` accepts apart."""
     shapes = {k: (tuple(saved[k].shape), tuple(v.shape)) for k, v in ours.items() if k in saved}
     heads = [k for k, (a, b) in shapes.items() if a != b and head_ok(k, saved[k], ours[k])]
     bad = [f"{k} {a} vs {b}" for k, (a, b) in shapes.items() if a != b and k not in heads]

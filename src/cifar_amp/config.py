@@ -1,6 +1,5 @@
-"""Config schemas made from the constructors they configure (`_target_`, then each keyword
-argument, typed, with the code's default): a group's YAML lists `/schema/<module>.<Class>@_here_`
-in its defaults and holds only what differs; a typo or a wrong type then fails at composition."""
+"""Config schemas made from the constructors they configure: a YAML naming `/schema/<class path>`
+in its defaults holds only what differs, and a typo or a wrong type fails at composition."""
 
 import collections
 import dataclasses

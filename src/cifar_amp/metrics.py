@@ -8,7 +8,6 @@ VAL_ACC_BEST = "val/acc_best"
 TEST_LOSS = "test/loss"
 TEST_ACC = "test/acc"
 PRECISION = "precision"  # the mode trained in (precision=auto: the one it chose)
-PRECISION_PROBE = "precision_probe"  # precision=auto: `<this>/<mode>`, its images/s (README)
 EPOCHS = "epochs"
 FIT_SECONDS = "fit_seconds"  # wall time of trainer.fit: set-up, training, validation, checkpoints
 TESTED_CKPT = "tested_ckpt"

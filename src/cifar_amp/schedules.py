@@ -17,8 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def warmup_steps(total_steps: int, pct_start: float, three_phase: bool = False) -> int:
-    """Steps before the peak: torch's `pct_start * total_steps - 1` rounded, at least 1, leaving at
-    least a step to anneal (and one to come down, `three_phase`); 0 if too short or pct_start=0."""
+    """torch's `pct_start * total_steps - 1` rounded, at least 1, leaving steps to anneal; or 0."""
     most = (total_steps - 2) // 2 if three_phase else total_steps - 2
     if pct_start == 0 or most < 1:
         return 0
@@ -26,11 +25,9 @@ def warmup_steps(total_steps: int, pct_start: float, three_phase: bool = False) 
 
 
 class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
-    """torch's OneCycleLR (same arguments, same shape; `max_lr` defaults to the optimizer's rate)
-    with phases of whole steps (:func:`warmup_steps`): torch's fractional peak divides by zero
-    for e.g. 4 steps at `pct_start=0.25`; where `pct_start * total_steps` is a whole number >= 2
-    the rates are torch's. A resume into a run of another length continues on that run's plan
-    from the step reached; one shorter than the steps done is refused."""
+    """torch's OneCycleLR (`max_lr` defaults to the optimizer's rate) in whole steps: torch's
+    fractional peak divides by zero for e.g. 4 steps at `pct_start=0.25`. A resume into a run of
+    another length continues on its plan from the step reached; a shorter one is refused."""
 
     def __init__(
         self,

@@ -116,8 +116,7 @@ def report(run: Run, test_metrics: dict) -> dict:
     head = {metrics.EPOCHS: run.trainer.current_epoch, metrics.FIT_SECONDS: run.fit_seconds}
     best = {metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST)}  # null without validation
     result = results(run.cfg, run.precision.record() | head | best | fitted | test_metrics)
-    # The loggers have what fit logged; the rest and the best validation accuracy (the sweeps'
-    # objective) go with the hyperparameters where a logger takes both (TensorBoard's HPARAMS).
+    # The rest, and the sweeps' objective, go with the hyperparameters where a logger takes both.
     numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
     new = {k: v for k, v in numbers.items() if k not in fitted or k == metrics.VAL_ACC_BEST}
     for lg in run.trainer.loggers:

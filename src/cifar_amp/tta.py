@@ -1,7 +1,5 @@
-"""Test-time augmentation: logits averaged over views of each batch, weighted as in the public
-speed-run scripts (their TTA levels 1 and 2): ``flip``, the image and its mirror, 1/2 each;
-``flip_shift``, those two (1/2 in all) plus, with 1/4 each, the pair shifted by (-shift, -shift)
-and the pair shifted by (+shift, +shift), reflect-padded."""
+"""Test-time augmentation, as the public speed-run scripts weigh it: ``flip`` averages the image and
+its mirror; ``flip_shift`` gives that 1/2 and each (reflect-padded) +-shift pair's average 1/4."""
 
 from typing import Callable
 

@@ -8,9 +8,8 @@ from cifar_amp.data import augment
 
 
 class DeviceBatches:
-    """Yields (images, labels): images normalised float32 (N, 3, H, W), labels int64. The training
-    order and augmentation depend on (seed, epoch) only; each of `world_size` ranks takes every
-    `world_size`-th sample of the epoch's order (up to `world_size - 1` dropped: even shards)."""
+    """(images normalised float32 NCHW, labels int64); order and augmentation depend on (seed,
+    epoch) only, and rank r of n takes every n-th sample of the epoch's order (even shards)."""
 
     def __init__(
         self,
