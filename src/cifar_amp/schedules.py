@@ -49,7 +49,7 @@ class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
         step, w, last = self.last_epoch, self.warmup_steps, self.total_steps - 1
         if step > self.total_steps:
             raise ValueError(f"Tried to step {step} times; the schedule has {self.total_steps}")
-        phases = self._schedule_phases  # torch's: which rates and momenta each goes between
+        phases = self._schedule_phases  # Private (torch's; no public API): each phase's ends
         ends = [w, 2 * w, last] if len(phases) == 3 else [w, last]  # on whole steps here
         i = min(bisect.bisect_left(ends, step), len(ends) - 1)
         start, end, phase = ends[i - 1] if i else 0, ends[i], phases[i]
