@@ -99,7 +99,9 @@ def test_probe_keeps_to_its_budget_on_a_slow_step_and_rejects_nan():
         cpu,
         budget=0.5,
     )
-    assert time.perf_counter() - start < 0.5 + 0.15  # at most one step late
+    # At most one step late (0.13 s), and as much again of slack for a loaded machine; a probe
+    # that ignored its budget would time up to MAX_TIMED_STEPS steps a candidate.
+    assert time.perf_counter() - start < 0.5 + 2 * 0.13
     assert all(16 <= m.batch_size < 64 and m.seconds for m in found.values())  # a slice
     assert found["32-true"].finite and not found["bf16-mixed"].finite
     assert A.choose(found) == "32-true"
