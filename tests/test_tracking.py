@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -354,6 +355,7 @@ def test_multirun_jobs_are_runs_of_their_own_and_a_resumed_job_continues_its_run
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its workers end with it (below)
     )
     try:
         url = f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/get?run_id={ids[1]}"
@@ -369,9 +371,13 @@ def test_multirun_jobs_are_runs_of_their_own_and_a_resumed_job_continues_its_run
                 time.sleep(1)
         served_metrics = {m["key"]: m["value"] for m in served["data"]["metrics"]}
         assert served_metrics[metrics.EPOCHS] == 2
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    finally:  # the server and its workers; a loaded machine may take long to stop them
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
 
 
 @pytest.mark.slow
