@@ -137,7 +137,7 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
     for group in ("sweeper", "launcher") if multirun or cfg.hydra.mode == RunMode.MULTIRUN else ():
         try:  # its package may be missing (Hydra: a traceback, when the sweep starts)
             importlib.import_module(cfg.hydra[group]._target_.rpartition(".")[0])
-        except ImportError as e:
+        except Exception as e:  # a missing package is ours to name; anything else, Hydra's
             if missing := missing_package(e):
                 fail(f"{_override_of(argv, f'hydra/{group}') or f'hydra/{group}'} needs {missing}")
 
