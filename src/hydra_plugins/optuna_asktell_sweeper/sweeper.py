@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from .trial import PRUNED_AT, STORAGE, STUDY_NAME, TRIAL_ID
 
 log = logging.getLogger(__name__)
-# A failed job's one-line reason, in its dir (cifar_amp.cli writes those it reports); the sweep's
+# A failed job's one-line reason, in its dir (cifar_amp.multirun writes those it reports); the sweep's
 # summary names every job that has one and exits 2.
 ERROR_FILE = "error.txt"
 
