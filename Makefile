@@ -31,8 +31,8 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 	$(PY) -m pytest -m gpu $(ARGS)
 
-# Each extra of docs/fork.md's table, and all at once, deleted from a copy: the rest passes the
-# tests and trains the default recipe (ARGS: names of extras to check, default all).
+# docs/fork.md's extras come off whole: a copy without any passes the core's tests, a copy of the
+# core and one extra its tests; each trains the default recipe (ARGS: extras to check, default all).
 test-extras: $(STAMP)
 	$(PY) .ci/extras.py $(ARGS)
 
