@@ -119,17 +119,11 @@ def test_the_commands_refusal_is_one_line_exit_2_before_anything_runs(tmp_path):
     assert not list(tmp_path.iterdir())  # refused before any run or sweep dir
 
 
-@pytest.mark.parametrize(
-    "override,key",
-    [
-        ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"),
-        ("data.batch_size=0", "data.batch_size"),
-    ],
-)
-def test_bad_value_exits_2_with_one_line_naming_the_key(tmp_path, override, key):
-    r = run("train.py", override, f"hydra.run.dir={tmp_path}", tmp_path=tmp_path)
+def test_bad_value_exits_2_with_one_line_naming_the_key(tmp_path):
+    # a range the constructor checks, once the run is built (test_bad_input: each such message)
+    r = run("train.py", "data.batch_size=0", f"hydra.run.dir={tmp_path}", tmp_path=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().count("\n") == 0 and key in r.stderr
+    assert r.stderr.strip() == "error: invalid config value for data.batch_size: 0; must be >= 1"
 
 
 def test_a_training_override_given_to_eval_gets_one_line_and_exit_2(tmp_path):
