@@ -128,6 +128,20 @@ def test_images_of_several_sizes_get_224_and_a_note_when_it_upsamples(tmp_path, 
     assert "median shorter side is 48 px (4 sampled)" in caplog.text
 
 
+def test_predict_sees_a_file_as_training_time_evaluation_saw_it(tmp_path):
+    # one image pipeline (data/images.py): same decoder, same resize + crop, on tensors
+    prediction = pytest.importorskip("cifar_amp.prediction", reason="the predict extra")
+    for i, cls in enumerate("aabb"):
+        (tmp_path / cls).mkdir(exist_ok=True)
+        Image.effect_noise((61, 47), 60).convert("RGB").save(tmp_path / cls / f"{i}.png")
+    dm = ImageFolderDataModule(str(tmp_path), image_size=32, val_split=0.5, num_workers=0)
+    dm.setup("fit")
+    seen, _ = next(iter(dm.val_dataloader()))
+    files = [Path(p) for p, _ in dm.samples["val"]]
+    predicted = [prediction.read(f, dm.meta, dm.num_classes).images[0] for f in files]
+    assert seen.dtype == torch.uint8 and torch.equal(seen, torch.stack(predicted))
+
+
 def test_batches_do_not_depend_on_the_number_of_workers(image_folder):
     def first_batches(workers: int):
         dm = ImageFolderDataModule(

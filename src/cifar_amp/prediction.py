@@ -19,7 +19,7 @@ from torchvision.transforms import v2
 from cifar_amp import build, runs
 from cifar_amp.checkpoints import SETTINGS, Checkpoint
 from cifar_amp.data.cifar import SPECS, read_batch
-from cifar_amp.data.images import SUFFIXES, decode, eval_resize
+from cifar_amp.data.images import SUFFIXES, decode, eval_resize, eval_transform
 from cifar_amp.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def _batch_file_hint(root: Path) -> str:
 
 
 def _read_images(files: list[Path], root: Path, image_size: list[int]) -> Inputs:
-    to_size = v2.Compose([v2.ToImage(), eval_resize(image_size)])
+    to_size = eval_transform(image_size)
     names, images, unreadable = [], [], []
     for path in files:
         name = path.relative_to(root).as_posix()
@@ -136,7 +136,7 @@ def _read_images(files: list[Path], root: Path, image_size: list[int]) -> Inputs
             unreadable.append((name, f"{type(cause).__name__}: {cause}".replace(str(path), name)))
             continue
         names.append(name)
-        images.append(to_size(rgb).as_subclass(torch.Tensor))
+        images.append(to_size(rgb))
     h, w = image_size
     stacked = torch.stack(images) if images else torch.empty(0, 3, h, w, dtype=torch.uint8)
     return Inputs(names, stacked, unreadable=unreadable)

@@ -26,7 +26,7 @@ from torchvision.datasets import DatasetFolder
 from torchvision.transforms import v2
 
 from cifar_amp.data.batches import RestoresTrainLoader
-from cifar_amp.data.images import SUFFIXES, decode, eval_resize
+from cifar_amp.data.images import SUFFIXES, decode, eval_transform
 from cifar_amp.errors import InvalidArgument, UserError
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
         self.train_transform = v2.Compose(
             [*train, *([v2.RandomHorizontalFlip()] if flip else []), v2.PILToTensor()]
         )
-        self.eval_transform = v2.Compose([eval_resize(crop), v2.PILToTensor()])
+        self.eval_transform = eval_transform(crop)
         self._checked: set[str] = set()
         self._norm: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
