@@ -107,6 +107,27 @@ def test_probe_keeps_to_its_budget_on_a_slow_step_and_rejects_nan():
     assert A.choose(found) == "32-true"
 
 
+class ColdStart:
+    """A candidate whose first step takes 1 s (kernel loading, autotuning, optimizer state) and
+    every later one 1 ms, whatever its images: a GPU, where a small batch times the host."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def step(self, batch) -> tuple[float, bool]:
+        self.steps += 1
+        return (1.0 if self.steps == 1 else 0.001), True
+
+
+def test_the_probe_sizes_its_batch_by_warm_steps_not_the_first():
+    # On an H100 the first (cold) pilot steps said a batch of 512 would not fit 20 s: the probe
+    # ran at 16 images, timing the host, and chose the slowest mode.
+    batch = (torch.zeros(512, 4), torch.zeros(512))
+    runs = {"32-true": ColdStart(), "bf16-mixed": ColdStart()}
+    fitted, _ = A._fitting(batch, runs, time.perf_counter() + 5.0)
+    assert len(fitted[0]) == 512
+
+
 def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeypatch, caplog):
     """A CPU that (we pretend) has native float16, where 16-mixed is the fastest but its loss
     is not finite: bf16-mixed is chosen, installed and recorded with each candidate's speed."""
@@ -129,11 +150,12 @@ def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeyp
         result = train(run.cfg)
     assert probed == [["32-true", "bf16-mixed", "16-mixed"]]
     assert result[metrics.PRECISION] == "bf16-mixed"
-    probe = {k: v for k, v in result.items() if k.startswith(A.PROBE + "/")}
+    probe = {k: v for k, v in result.items() if k.startswith(metrics.PRECISION_PROBE + "/")}
     assert probe == {
         "precision_probe/32-true": pytest.approx(100),
         "precision_probe/bf16-mixed": pytest.approx(150),
         "precision_probe/16-mixed": None,
+        "precision_probe/batch": 1,  # measured()'s
     }
     assert "16-mixed 300 images/s (loss not finite) -> bf16-mixed" in caplog.text
     assert "Precision: bf16-mixed, chosen at fit start" in caplog.text
@@ -147,7 +169,10 @@ def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
     chosen = first[metrics.PRECISION]
     assert chosen in ("32-true", "bf16-mixed")
     for mode in ("32-true", "bf16-mixed"):
-        assert first[f"{A.PROBE}/{mode}"] > 0
+        assert first[f"{metrics.PRECISION_PROBE}/{mode}"] > 0
+    # The run's batch (16: the pilot's size, so a loaded CPU cannot shrink it; the sizing of a
+    # larger one is test_the_probe_sizes_its_batch_by_warm_steps_not_the_first's).
+    assert first[metrics.PRECISION_PROBE_BATCH] == make_cfg().data.batch_size == 16
     last = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)[SETTINGS]["precision"] == chosen
 
@@ -161,7 +186,7 @@ def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
         )
     )
     assert resumed[metrics.PRECISION] == chosen and resumed[metrics.EPOCHS] == 2
-    assert not any(k.startswith(A.PROBE) for k in resumed)
+    assert not any(k.startswith(metrics.PRECISION_PROBE) for k in resumed)
     # A resume in the other mode is refused, as with any recorded precision.
     other = {"32-true": "bf16-mixed", "bf16-mixed": "32-true"}[chosen]
     with pytest.raises(UserError, match=f"was trained with precision={chosen}"):
@@ -235,13 +260,20 @@ def test_auto_probes_this_gpus_modes_and_trains_in_its_choice(make_cfg):
     the fastest at a real size is bench-gpu's (`python -m bench.gpu --sections precision,auto`)."""
     from test_gpu import ON_CUDA, Record, fit
 
-    cfg = make_cfg(*ON_CUDA, "precision=auto", "precision.probe_seconds=5", "trainer.max_steps=2")
+    cfg = make_cfg(
+        *ON_CUDA,
+        "precision=auto",
+        "precision.probe_seconds=5",
+        "data.batch_size=128",  # above the probe's 16-image pilot: it could have probed fewer
+        "trainer.max_steps=2",
+    )
     rec = Record()
     trainer, _, prec = fit(cfg, rec)
     expected = ["32-true", "16-mixed"]
     if torch.cuda.is_bf16_supported(including_emulation=False):
         expected.insert(1, "bf16-mixed")
     assert list(prec.probed) == expected and all(v > 0 for v in prec.probed.values())
+    assert prec.probe_batch == cfg.data.batch_size  # the run's batch (its layout: below)
     assert prec.name in expected and trainer.precision == prec.name
     assert isinstance(trainer.precision_plugin, MixedPrecision) is (prec.name != "32-true")
     assert prec.layout and rec.batches_nhwc == [True] * 2

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 
 import pytest
-import submitit
 from hydra.core.hydra_config import HydraConfig
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg
+
+# The sweeps extra's: without it this module skips (collecting it must not fail `pytest -m gpu`).
+submitit = pytest.importorskip("submitit")
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf  # noqa: E402
 
 
 def sbatch_script(overrides: list[str], folder) -> str:

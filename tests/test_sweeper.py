@@ -10,18 +10,20 @@ import os
 import subprocess
 import sys
 
-import optuna
 import pytest
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
-from optuna.distributions import CategoricalDistribution as Cat
-from optuna.distributions import FloatDistribution, IntDistribution
-from optuna.trial import TrialState
 
 from conftest import REPO
 from hydra_plugins.optuna_asktell_sweeper import sweeper as S
 from hydra_plugins.optuna_asktell_sweeper.trial import PRUNED_AT
+
+# The sweeps extra's: without it this module skips (collecting it must not fail `pytest -m gpu`).
+optuna = pytest.importorskip("optuna")
+from optuna.distributions import CategoricalDistribution as Cat  # noqa: E402
+from optuna.distributions import FloatDistribution, IntDistribution  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
 
 APP = REPO / "tests" / "examples" / "sweep_app.py"
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -10,16 +10,18 @@ import os
 import subprocess
 import sys
 
-import optuna
 import pytest
 import yaml
-from optuna.distributions import CategoricalDistribution
-from optuna.trial import TrialState
 
 from cifar_amp import config, metrics
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
 from hydra_plugins.optuna_asktell_sweeper.sweeper import search_space as parse_space
+
+# The sweeps extra's: without it this module skips (collecting it must not fail `pytest -m gpu`).
+optuna = pytest.importorskip("optuna")
+from optuna.distributions import CategoricalDistribution  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
 
 SEARCHES = ("optuna", "optuna_cpu")
 

@@ -10,11 +10,12 @@ Candidates, by device (`candidates`):
 - Any other device: `32-true`.
 
 The probe (`probe`) trains a copy of the module per candidate, each with its own optimizer and
-precision plugin, on the first training batch: one untimed warm-up step each (cuDNN
-autotuning, oneDNN kernel creation), then timed steps in turn (A, B, A, B, ...: a busy machine
-slows every candidate alike) until `precision.probe_seconds` is spent. Where two steps of each
-candidate would not fit that budget (a GPU-sized network and batch on a CPU), it probes on the
-batch's first images only, as many as fit (a pilot step of 16 images each says how many). It
+precision plugin, on the first training batch (the run's batch size and layout): one untimed
+warm-up step each (cuDNN autotuning, oneDNN kernel creation), then timed steps in turn (A, B, A,
+B, ...: a busy machine slows every candidate alike) until `precision.probe_seconds` is spent.
+Where two steps of each candidate would not fit that budget (a GPU-sized network and batch on a
+CPU), it probes on the batch's first images only, as many as fit (a warm pilot step of 16
+images each says how many), and says so; metrics.json records the images it probed with. It
 runs eager (before `module.compile` compiles the network) and leaves the run's module, loader
 position and random state as they were. `choose` rejects every candidate whose loss was not finite and takes the
 fastest of the rest by its fastest step; a candidate within 5% of the fastest wins if it is the
@@ -36,6 +37,7 @@ from lightning import Callback
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
+from cifar_amp import metrics
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.precision import NAMES, Precision
@@ -45,8 +47,6 @@ AUTO = "auto"
 SAFEST_FIRST = ("32-true", "bf16-mixed", "16-mixed")
 MARGIN = 1.05  # a safer candidate this close to the fastest wins
 MAX_TIMED_STEPS = 20  # per candidate, whatever the budget: enough for a steady fastest step
-# metrics.json: `precision_probe/<mode>`, a candidate's images/s in the probe (null: not finite)
-PROBE = "precision_probe"
 
 
 @dataclass
@@ -110,10 +110,10 @@ def probe(
     deadline = time.perf_counter() + budget
     runs = {name: _Candidate(module, plugin(name), device) for name in names}
     try:
-        batch = _fitting(batch, runs, deadline)
+        batch, warm = _fitting(batch, runs, deadline)
         out = {name: Measured(batch_size=len(batch[0])) for name in names}
-        for name, run in runs.items():  # warm-up, at this batch size
-            out[name].finite &= run.step(batch)[1]
+        for name, run in runs.items():  # warm-up, at this batch size (unless the pilot's)
+            out[name].finite &= warm or run.step(batch)[1]
         stepped = True
         while stepped:  # each candidate in turn, while its next step fits the budget
             stepped = False
@@ -136,20 +136,26 @@ def probe(
     return out
 
 
-def _fitting(batch, runs: dict, deadline: float, pilot: int = 16):
-    """`batch`, or its first images where two steps of every candidate at full size would not
-    fit the budget (a CPU with a GPU-sized network and batch). Sized by a pilot step of each
-    candidate on `pilot` images, taking step time as proportional to the images (which
-    overestimates, since part of a step does not grow with the batch)."""
+def _fitting(batch, runs: dict, deadline: float, pilot: int = 16) -> tuple[list, bool]:
+    """(`batch`, or its first images where two steps of every candidate at full size would not
+    fit the budget (a CPU with a GPU-sized network and batch); whether every candidate has
+    stepped at that size already). Sized by a warm pilot step of each candidate on `pilot`
+    images, taking step time as proportional to the images (which overestimates, since part of
+    a step does not grow with the batch). A candidate's first step is no measure: it loads
+    kernels, autotunes cuDNN and makes the optimizer's state, which on an H100 took longer than
+    a whole warm step at the run's batch of 512 and shrank the probe to 16 images, timing the
+    host instead of the GPU."""
     size = len(batch[0])
     if size <= pilot:
-        return batch
+        return batch, False
     small = [t[:pilot] for t in batch]
+    for run in runs.values():
+        run.step(small)  # the one-time costs
     per_image = sum(run.step(small)[0] for run in runs.values()) / pilot
     fits = int(0.8 * (deadline - time.perf_counter()) / (2 * per_image))
     if fits >= size:
-        return batch
-    return [t[: max(pilot, fits)] for t in batch]
+        return batch, False
+    return [t[: max(pilot, fits)] for t in batch], fits <= pilot
 
 
 class _Candidate:
@@ -206,9 +212,9 @@ class AutoPrecision(Precision):
 
     Args:
         probe_seconds: the probe's budget, all candidates together.
-        scaler, channels_last, tf32: as Precision's; channels_last null = on on CUDA (the
-            16-bit candidates' layout) and on CPU (every CPU candidate's), the probe timing
-            each candidate in it.
+        scaler, channels_last, tf32: as Precision's; channels_last null = on, on CUDA and
+            CPU: every candidate's faster layout (on CUDA within 2% of NCHW for 32-true in
+            strict fp32, the one exception), the probe timing each candidate in it.
     """
 
     def __init__(
@@ -230,6 +236,7 @@ class AutoPrecision(Precision):
         super().__init__("32-true", scaler, channels_last, tf32)
         self.name, self.probe_seconds = AUTO, probe_seconds
         self.probed: dict[str, float | None] = {}  # images/s per candidate (None: rejected)
+        self.probe_batch: int | None = None  # the images of each probe step
 
     @property
     def trainer_precision(self) -> str:
@@ -249,8 +256,10 @@ class AutoPrecision(Precision):
             log.info("Precision auto: %s, as chosen by the run resumed (no probe)", recorded)
 
     def record(self) -> dict:
-        probed = {f"{PROBE}/{k}": v for k, v in self.probed.items()}
-        return super().record() | probed
+        if not self.probed:  # chosen by the run resumed
+            return super().record()
+        probed = {f"{metrics.PRECISION_PROBE}/{k}": v for k, v in self.probed.items()}
+        return super().record() | probed | {metrics.PRECISION_PROBE_BATCH: self.probe_batch}
 
     def setup(self, trainer) -> None:
         strategy = type(trainer.strategy)
@@ -288,10 +297,10 @@ class Probe(Callback):
             return
         device = trainer.strategy.root_device
         names = candidates(device.type, *capabilities(device))
-        start = time.perf_counter()
+        start, batch = time.perf_counter(), first_batch(trainer)
         measured = probe(
             pl_module,
-            first_batch(trainer),
+            batch,
             names,
             lambda name: prec.plugin(device.type, name),
             device,
@@ -299,6 +308,15 @@ class Probe(Callback):
         )
         chosen = trainer.strategy.broadcast(choose(measured), src=0)
         prec.probed = {k: m.images_per_sec if m.finite else None for k, m in measured.items()}
+        prec.probe_batch = next(iter(measured.values())).batch_size
+        if prec.probe_batch < len(batch[0]):
+            log.warning(
+                "Precision auto: probed on %d of the batch's %d images: two steps of each "
+                "candidate at the full batch would not fit precision.probe_seconds=%g",
+                prec.probe_batch,
+                len(batch[0]),
+                prec.probe_seconds,
+            )
         seen = ", ".join(
             f"{k} {m.images_per_sec:,.0f} images/s" + ("" if m.finite else " (loss not finite)")
             for k, m in measured.items()
@@ -306,7 +324,7 @@ class Probe(Callback):
         log.info(
             "Precision auto: probe of %s, batch %d, %.1f s: %s -> %s",
             type(getattr(pl_module, "net", pl_module)).__name__,
-            next(iter(measured.values())).batch_size,
+            prec.probe_batch,
             time.perf_counter() - start,
             seen,
             chosen,
