@@ -35,7 +35,8 @@ CONFIG_CASES = [
     ),
     (
         ["precision=bf16-mixed", "module.optimizer.fused=true", "trainer.gradient_clip_val=1"],
-        "cannot be clipped before it; drop one of the two (32-true clips with it)",
+        "cannot be clipped before it; add trainer.gradient_clip_val=null (the default trainer "
+        "clips) or module.optimizer.fused=false (32-true clips with it)",
     ),
 ]
 

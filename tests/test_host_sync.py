@@ -180,7 +180,7 @@ def _watch(make_cfg, monkeypatch, *overrides, cuda: bool = False) -> SyncWatch:
 
 @pytest.mark.parametrize(
     "overrides",
-    [(), ("precision=16-mixed", "module.optimizer.fused=true")],
+    [(), ("precision=16-mixed", "module.optimizer.fused=true", "trainer.gradient_clip_val=null")],
     ids=["default", "16-mixed-fused"],
 )
 def test_training_steps_read_nothing_on_the_host(make_cfg, monkeypatch, overrides):
@@ -218,8 +218,9 @@ class ReadLoss(L.Callback):
     "overrides",
     [
         ("precision=bf16-mixed",),
-        ("precision=16-mixed", "module.optimizer.fused=true"),
-        ("module.compile=true", "precision=bf16-mixed", "module.optimizer.fused=true"),
+        ("precision=16-mixed", "module.optimizer.fused=true", "trainer.gradient_clip_val=null"),
+        ("module.compile=true", "precision=bf16-mixed", "module.optimizer.fused=true")
+        + ("trainer.gradient_clip_val=null",),
     ],
     ids=["bf16-mixed", "16-mixed-fused", "compiled"],
 )

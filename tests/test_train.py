@@ -144,6 +144,19 @@ def test_fp16_without_overflow_steps_and_keeps_the_scale(make_cfg):
     )
 
 
+@pytest.mark.parametrize(
+    "overrides, clip",
+    [((), 2.0), (("precision=16-mixed",), 2.0), (("experiment=speedrun",), None)]
+    + [(("experiment=cpu_quick",), None), (("trainer=fsdp",), None)],
+)
+def test_the_default_recipe_clips_by_norm_and_the_speed_recipes_do_not(make_cfg, overrides, clip):
+    # The design card: the default trainer clips the global norm (at a value above the norms
+    # measured on the subset); a fused optimizer under autocast (speedrun_gpu) cannot clip, and
+    # FSDP cannot clip by norm.
+    t = make_cfg(*overrides).trainer
+    assert t.gradient_clip_val == clip and t.gradient_clip_algorithm in (None, "norm")
+
+
 def test_clipping_acts_on_unscaled_gradients(make_cfg):
     clip, recs = 1e-3, {}
     for prec in ("32-true", "16-mixed"):

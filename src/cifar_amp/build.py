@@ -72,7 +72,8 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
         raise UserError(
             f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under precision="
             f"{prec.name}: the fused optimizer unscales the gradients inside its step, so they "
-            "cannot be clipped before it; drop one of the two (32-true clips with it)"
+            "cannot be clipped before it; add trainer.gradient_clip_val=null (the default trainer "
+            "clips) or module.optimizer.fused=false (32-true clips with it)"
         )
     if (start := per_stage_ranks(t.strategy)) and HydraConfig.initialized():
         if isinstance(s := t.strategy, str):  # a registered name: its class and arguments
