@@ -60,10 +60,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench import budget
+from bench import gpu_table as table
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks-gpu.md"
-START = "<!-- bench-gpu record: start (written by `make bench-gpu`; edits inside are lost) -->"
-END = "<!-- bench-gpu record: end -->"
 NEEDED = {  # import name -> distribution
     "torch": "torch",
     "torchvision": "torchvision",
@@ -105,19 +106,6 @@ CHECKPOINTING = {
     "every stage": ["model.checkpoint_stages=ALL"],
     "every block": ["model.activation_checkpointing=1"],
 }
-# Targets (issue 27; docs/benchmarks-gpu.md).
-TEMPLATE_RATIO = 0.97  # template / plain loop, images/s, each mode and layout
-BEST_16BIT = 0.95  # the template's best 16-bit mode over the plain loop's best, images/s
-LAYOUT_SLACK = 1.02  # each mode's default layout: at most 2% slower than its other one
-AUTO_WITHIN = 0.95  # precision=auto's choice: within 5% of the table's fastest finite mode
-RATIO = 0.95  # Lightning / plain (bench.framework), images/s
-MIXED_MEMORY = 0.6  # 16-bit modes' step peak over 32-true's, same layout
-CKPT_MEMORY = 0.75  # the best checkpointing setting's step peak over none's
-HOST_STEP_MS = 4.0  # airbench94's whole GPU step at batch 1024 on an H100
-HOST_EXTRA_MS = 1.0  # Lightning's extra host work per step
-FIT_OVER_TRAIN = 1.5  # speedrun_gpu: fit_seconds (compile included) over train_seconds
-GPU_TESTS_S = 180.0  # `pytest -m gpu`
-AIRBENCH_RUNS = 3  # airbench94's runs read (the first warms up): then it is stopped
 
 
 SPEEDNET_GPU = ["--widths", "64,256,256", "--batch-size", "1024", "--precision", "bf16-mixed"]
@@ -598,63 +586,16 @@ def speedrun_section(ctx: Context, keep) -> dict:
         result |= {k: found.get(k) for k in (*keys, "precision")}
     result["seconds"] = time.perf_counter() - start
     keep(result)
-    result["airbench94"] = airbench(ctx) if ctx.airbench else {"skipped": "no --airbench"}
+    if not ctx.airbench:
+        result["airbench94"] = {"skipped": "no --airbench"}
+    elif ctx.device != "cuda":
+        result["airbench94"] = {"skipped": "airbench94 needs CUDA"}
+    else:
+        from bench import airbench
+
+        _log(f"airbench94: {ctx.airbench}")
+        result["airbench94"] = airbench.run(ctx.airbench, ctx.data_dir, ctx.work, ctx.deadline)
     return result
-
-
-def airbench(ctx: Context) -> dict:
-    """The public airbench94 script on the timing data, in its own folder (it reads
-    `cifar10/{train,test}.pt` there); stopped after AIRBENCH_RUNS runs or at the deadline."""
-    import torch
-
-    from bench.synthetic import SPEC
-
-    if ctx.device != "cuda":
-        return {"skipped": "airbench94 needs CUDA"}
-    folder = ctx.work / "airbench"
-    (folder / "cifar10").mkdir(parents=True, exist_ok=True)
-    for split in ("train", "test"):
-        x, y = SPEC.read(SPEC.find(ctx.data_dir), split)
-        images = x.permute(0, 2, 3, 1).contiguous()  # NHWC uint8, as torchvision gives them
-        saved = {"images": images, "labels": y, "classes": list(SPEC.classes)}
-        torch.save(saved, folder / "cifar10" / f"{split}.pt")
-    _log(f"airbench94: {ctx.airbench}")
-    command = [sys.executable, str(Path(ctx.airbench).resolve())]
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, text=True)
-    lines = []
-    try:
-        for line in proc.stdout:  # one line an epoch: the deadline is checked often enough
-            lines.append(line)
-            if "eval" in line and sum("eval" in x for x in lines) >= AIRBENCH_RUNS:
-                break
-            if ctx.left() < 2:
-                break
-    finally:
-        proc.kill()
-        proc.wait()
-    return {"command": " ".join(command[1:])} | airbench_epochs("".join(lines))
-
-
-def airbench_epochs(text: str) -> dict:
-    """airbench94's seconds per epoch from its table (the `total_time_seconds` column, training
-    time only, cumulative within a run): the median over its runs after the first (warm-up)."""
-    runs: list[list[float]] = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 7 or not re.fullmatch(r"\d+", cells[1]):
-            continue
-        if cells[0]:  # a run's first epoch names the run
-            runs.append([])
-        if runs:
-            runs[-1].append(float(cells[6]))
-    timed = [r for r in runs[1:] if len(r) > 1]
-    per_epoch = [(r[-1] - r[0]) / (len(r) - 1) for r in timed]
-    return {
-        "runs": len(runs),
-        "epochs": [len(r) for r in runs],
-        "seconds_per_epoch": statistics.median(per_epoch) if per_epoch else None,
-    }
 
 
 def tests_section(ctx: Context, keep) -> dict:
@@ -732,436 +673,6 @@ def _log(text: str) -> None:
     print(f"[bench-gpu {time.perf_counter() - T0:6.1f} s] {text}", file=sys.stderr, flush=True)
 
 
-# -- running the sections within the budget -----------------------------------------------------
-def run_sections(jobs: list, budget: float, data: dict, save, folder: Path, start_method: str):
-    """Run each job (name, share, fn, arg) as `fn(arg, keep)` in a process of its own (started
-    by `start_method`: CUDA cannot be forked; a fork starts in a blink, imports done), given
-    `share` / (the shares left) of what is left of `budget` seconds; `save(data)` after each.
-    `arg` may be a Context, whose deadline is set here. A job still running at its deadline is
-    killed (its process group: its own subprocesses too) and recorded in `data["cut"]`, with
-    what it passed to `keep` so far as its result; one that raised, in `data["failed"]`."""
-    start = time.perf_counter()
-    shares = sum(share for _, share, *_ in jobs)
-    for name, share, fn, arg in jobs:
-        limit = max(0.0, budget - (time.perf_counter() - start)) * share / shares
-        shares -= share
-        if isinstance(arg, Context):
-            arg.deadline = time.time() + limit
-        began = time.perf_counter()
-        result, status = _in_child(fn, arg, folder / f"{name}.json", limit, start_method)
-        took = time.perf_counter() - began
-        if result is not None:
-            data[name] = result
-        data.setdefault("section_seconds", {})[name] = round(took, 1)
-        if status == "cut":
-            data.setdefault("cut", {})[name] = f"cut by the deadline after {took:.0f} s"
-        elif status != "done":
-            data.setdefault("failed", {})[name] = status
-        save(data)
-
-
-def _in_child(fn, arg, path: Path, limit: float, method: str) -> tuple[object, str]:
-    """(what the child kept or returned, "done" | "cut" | why it failed)."""
-    import multiprocessing
-
-    path.unlink(missing_ok=True)
-    proc = multiprocessing.get_context(method).Process(target=_child, args=(fn, arg, path))
-    proc.start()
-    try:
-        proc.join(limit)
-    finally:  # also when this process is told to stop (SIGTERM: see main)
-        cut = proc.is_alive()
-        if cut:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):  # before its setpgrp
-                proc.kill()
-            proc.join()
-    saved = json.loads(path.read_text()) if path.is_file() else {}
-    if cut:
-        return saved.get("result"), "cut"
-    return saved.get("result"), saved.get("status", f"exit code {proc.exitcode}, no result")
-
-
-def _child(fn, arg, path: Path) -> None:
-    os.setpgrp()  # a group of its own: killing it kills its subprocesses (train.py, pytest)
-    if getattr(arg, "device", None) == "cpu":
-        # Tiny networks: a second thread's waits on a busy CPU cost more than it adds; and one
-        # thread is what makes torch safe in a forked process (as in a DataLoader worker).
-        import torch
-
-        torch.set_num_threads(1)
-
-    def keep(result, status="partial") -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"status": status, "result": result}, default=str))
-        os.replace(tmp, path)  # a kill mid-write leaves the previous version
-
-    try:
-        keep(fn(arg, keep), "done")
-    except BaseException as e:
-        keep(json.loads(path.read_text())["result"] if path.is_file() else None, repr(e)[:300])
-        raise
-
-
-# -- the table ------------------------------------------------------------------------------
-def _fmt(value, unit: str = "", digits: int = 0) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.{digits}f}{unit}"
-
-
-def _holds(ok) -> str:
-    return "-" if ok is None else ("yes" if ok else "no")
-
-
-def rows(data: dict) -> list[tuple[str, str, str]]:
-    """(target, measured, holds) for every promise; `holds` is "-" where nothing was measured.
-    A section cut by the deadline (or failed) has a row saying so, after its finished cases."""
-    out = []
-    for name in SECTIONS:
-        if name in data or name in data.get("cut", {}) or name in data.get("failed", {}):
-            out += ROWS[name](data) if name in data else []
-            if name in data.get("cut", {}):
-                out.append((f"`{name}` ends within its share of --budget", data["cut"][name], "no"))
-            if name in data.get("failed", {}):
-                out.append((f"`{name}` runs", f"failed: {data['failed'][name]}", "no"))
-    return out
-
-
-def _precision_rows(data: dict) -> list:
-    out = []
-    model, batch = data["sizes"]["net"], data["sizes"]["batch"]
-    prec = {(r["mode"], r["channels_last"]): r for r in data["precision"]}
-    for (mode, cl), r in prec.items():
-        lt, pl = r["lightning"], r["plain"]
-        layout = "channels_last" if cl else "NCHW"
-        target = (
-            f"{model} b{batch} {mode} {layout}: template >= {TEMPLATE_RATIO} x plain loop, img/s"
-        )
-        if "skipped" in lt or "skipped" in pl:
-            out.append((target, f"skipped: {lt.get('skipped') or pl.get('skipped')}", "-"))
-            continue
-        ratio = lt["images_per_sec"] / pl["images_per_sec"]
-        out.append(
-            (
-                target,
-                f"template {_fmt(lt['images_per_sec'])} img/s, step peak "
-                f"{_fmt(lt.get('step_peak_mb'))} MB; plain {_fmt(pl['images_per_sec'])} img/s, "
-                f"{_fmt(pl.get('step_peak_mb'))} MB; ratio {ratio:.2f}",
-                _holds(ratio >= TEMPLATE_RATIO),
-            )
-        )
-
-    def get(loop, mode, cl, key):
-        return prec.get((mode, cl), {}).get(loop, {}).get(key)
-
-    speed = {k: get("lightning", *k, "images_per_sec") for k in prec}
-    plain = {k: get("plain", *k, "images_per_sec") for k in prec}
-    mixed = {k: v for k, v in speed.items() if v and k[0] in ("16-mixed", "bf16-mixed")}
-    best = max(mixed, key=mixed.get) if mixed else None
-    ref = max((k for k in plain if plain[k]), key=plain.get, default=None)
-    gain = mixed[best] / plain[ref] if best and ref else None
-    out.append(
-        (
-            f"mixed precision pays: the template's best 16-bit mode >= {BEST_16BIT} x the plain "
-            "loop's best mode, img/s",
-            f"{_case(best)} {_fmt(mixed[best])} vs plain {_case(ref)} {_fmt(plain[ref])} "
-            f"({gain:.2f})"
-            if gain
-            else "-",
-            _holds(gain >= BEST_16BIT if gain else None),
-        )
-    )
-    ratios = {}
-    for mode, cl in prec:
-        fp32 = get("lightning", "32-true", cl, "step_peak_mb")
-        mine = get("lightning", mode, cl, "step_peak_mb")
-        if mode in ("16-mixed", "bf16-mixed") and fp32 and mine:
-            ratios[(mode, cl)] = mine / fp32
-    out.append(
-        (
-            f"16-bit modes' step peak memory <= {MIXED_MEMORY} x 32-true's (same layout), template",
-            "; ".join(f"{_case(k)} {v:.2f}" for k, v in ratios.items()) or "-",
-            _holds(max(ratios.values()) <= MIXED_MEMORY if ratios else None),
-        )
-    )
-    checks = []
-    for mode in ("32-true", "16-mixed", "bf16-mixed"):
-        faster = {cl: speed.get((mode, cl)) for cl in (False, True)}
-        if None in faster.values() or mode not in data["defaults"]:
-            continue
-        default = data["defaults"][mode]
-        checks.append((mode, default, faster[default] * LAYOUT_SLACK >= max(faster.values())))
-    out.append(
-        (
-            f"each mode's default layout is its faster one (within {LAYOUT_SLACK - 1:.0%})",
-            ", ".join(
-                f"{m}: {'channels_last' if d else 'NCHW'} {'ok' if ok else 'slower'}"
-                for m, d, ok in checks
-            )
-            or "-",
-            _holds(all(ok for *_, ok in checks) if checks else None),
-        )
-    )
-    return out
-
-
-def _case(key) -> str:
-    return f"{key[0]} {'channels_last' if key[1] else 'NCHW'}" if key else "-"
-
-
-def _checkpointing_rows(data: dict) -> list:
-    ckpt = [r for r in data["checkpointing"] if r.get("step_peak_mb")]
-    none = next((r for r in ckpt if r["setting"] == "none"), None)
-    target = f"activation checkpointing, best setting: step peak memory <= {CKPT_MEMORY} x none's"
-    others = [r for r in ckpt if r is not none]
-    if not none or not others:
-        return [(target, "-", "-")]
-    best = min(others, key=lambda r: r["step_peak_mb"])
-    mem, slower = best["step_peak_mb"] / none["step_peak_mb"], best["step_ms"] / none["step_ms"]
-    measured = (
-        f"{best['setting']}: {_fmt(best['step_peak_mb'])} vs {_fmt(none['step_peak_mb'])} MB "
-        f"({mem:.2f}), {best['step_ms']:.1f} vs {none['step_ms']:.1f} ms ({slower:.2f} x)"
-    )
-    return [(target, measured, _holds(mem <= CKPT_MEMORY))]
-
-
-def _auto_rows(data: dict) -> list:
-    auto, batch = data["auto"], data["sizes"]["batch"]
-    cl = auto["channels_last"]
-    table = {}
-    for r in data.get("precision", []):
-        if r["channels_last"] == cl and r["mode"] in auto["candidates"]:
-            table[r["mode"]] = r["lightning"].get("images_per_sec")
-    finite = [m for m in table if table[m] and auto["finite"].get(m)]
-    fastest = max(finite, key=table.get) if finite else None
-    agrees = table.get(auto["chosen"]) or 0
-    ok = agrees >= AUTO_WITHIN * table[fastest] if fastest else None
-    probed = ", ".join(f"{m} {_fmt(v)}" for m, v in auto["images_per_sec"].items())
-    return [
-        (
-            f"precision=auto: probes at the run's batch ({batch}) within its budget and picks a "
-            f"mode within {1 - AUTO_WITHIN:.0%} of the fastest finite one of the table above",
-            f"{auto['chosen']} in {auto['seconds']:.1f} s at batch {auto.get('probe_batch')} "
-            f"(probe img/s: {probed}; table's fastest: {fastest})",
-            _holds(
-                None
-                if ok is None
-                else ok
-                and auto["seconds"] <= auto["budget"] + 2
-                and auto.get("probe_batch") == batch
-            ),
-        )
-    ]
-
-
-def _framework_rows(data: dict) -> list:
-    out = []
-    for case in data["framework"]:
-        target = f"Lightning / plain >= {RATIO}: {case['case']}"
-        if "skipped" in case:
-            out.append((target, f"not run ({case['skipped']})", "-"))
-            continue
-        ratio = case["ratio_lightning_over_plain"]
-        out.append(
-            (
-                target,
-                f"plain {_fmt(case['plain_images_per_s'])} img/s, Lightning "
-                f"{_fmt(case['lightning_images_per_s'])} img/s ({ratio:.3f}); "
-                f"Lightning {case['lightning_s_per_epoch']:.3f} s/epoch",
-                _holds(ratio >= RATIO),
-            )
-        )
-    return out
-
-
-def _host_rows(data: dict) -> list:
-    host = data["host"]
-    ms = host["ms_per_step"]
-    extra = host["lightning_extra_ms_per_step"]
-    return [
-        (
-            f"host work of a recipe step (Lightning, module, every callback) <= "
-            f"{HOST_STEP_MS} ms (airbench94's H100 step at batch 1024)",
-            f"{ms['lightning']:.2f} ms (plain loop {ms['plain']:.2f} ms; tiny net)",
-            _holds(ms["lightning"] <= HOST_STEP_MS),
-        ),
-        (
-            f"Lightning's extra host work per step <= {HOST_EXTRA_MS} ms",
-            f"{extra:.2f} ms",
-            _holds(extra <= HOST_EXTRA_MS),
-        ),
-    ]
-
-
-def _speedrun_rows(data: dict) -> list:
-    run, images = data["speedrun"], data["sizes"]["images"]
-    if "failed" in run:
-        return [("experiment=speedrun_gpu runs", f"failed: {run['failed']}", "no")]
-    train, fit, epochs = run.get("train_seconds"), run.get("fit_seconds"), run.get("epochs")
-    per_epoch = train / epochs if train and epochs else None
-    theirs = run.get("airbench94", {})
-    their_epoch = theirs.get("seconds_per_epoch")
-    if their_epoch:
-        versus = f"airbench94 {their_epoch:.3f} s ({theirs['runs']} runs, the first a warm-up)"
-    else:
-        versus = f"airbench94 not run ({theirs.get('skipped', 'no time left')})"
-    return [
-        (
-            f"experiment=speedrun_gpu: an epoch of {images:,} images <= airbench94's, same GPU "
-            "and images",
-            f"{_fmt(per_epoch, ' s', 3)} (train_seconds {_fmt(train, '', 2)} / {epochs} epochs); "
-            f"{versus}",
-            _holds(per_epoch <= their_epoch if per_epoch and their_epoch else None),
-        ),
-        (
-            f"speedrun_gpu: fit_seconds (compile included) <= {FIT_OVER_TRAIN} x train_seconds",
-            f"fit {_fmt(fit, ' s', 2)}, train {_fmt(train, ' s', 2)}, compile "
-            f"{_fmt(run.get('compile_seconds'), ' s', 2)}",
-            _holds(fit <= FIT_OVER_TRAIN * train if fit and train else None),
-        ),
-    ]
-
-
-def _tests_rows(data: dict) -> list:
-    out = []
-    for name, label in (("gpu", "`pytest -m gpu`"), ("default", "the default test suite")):
-        t = data["tests"].get(name)
-        if t is None:
-            continue
-        within = f" in <= {GPU_TESTS_S:.0f} s" if name == "gpu" else ""
-        ok = t.get("passed")
-        if ok and name == "gpu":
-            ok = t["seconds"] <= GPU_TESTS_S
-        out.append((f"{label} passes on this machine{within}", t["summary"], _holds(ok)))
-    return out
-
-
-ROWS = {
-    "precision": _precision_rows,
-    "checkpointing": _checkpointing_rows,
-    "auto": _auto_rows,
-    "framework": _framework_rows,
-    "host": _host_rows,
-    "speedrun": _speedrun_rows,
-    "tests": _tests_rows,
-}
-
-
-def markdown(data: dict) -> str:
-    """The record: header, the table, the details, the chart and the raw JSON."""
-    from bench import report
-
-    m = data["machine"]
-    if m["gpu"]:
-        head = f"**{m['gpu']}**, driver {m['driver'] or '?'}, CUDA {m['cuda']}, cuDNN {m['cudnn']}"
-    else:
-        head = "**not a GPU**: a CPU dry run at tiny sizes (the figures say nothing about a GPU)"
-    lines = [
-        f"### `make bench-gpu`, {m['date']}\n",
-        f"{head}; torch {m['torch']}, Lightning {m['lightning']}, torchmetrics "
-        f"{m['torchmetrics']}, torchvision {m['torchvision']}, hydra-core {m['hydra-core']}, "
-        f"Python {m['python']}; {m['cpu_cores']} CPU cores; commit {m['commit']}"
-        f"{' (with uncommitted changes)' if m['dirty'] else ''}. Took {data['seconds']:.0f} s ("
-        + ", ".join(f"{k} {v:.0f} s" for k, v in data.get("section_seconds", {}).items())
-        + f"). Data: {data['images']}.\n",
-    ]
-    if data["missing"]:
-        lines.append(f"Missing: {', '.join(data['missing'])}.\n")
-    lines.append("\n" + report.markdown(["target", "measured", "holds"], rows(data)))
-    lines.append("\n" + details(data))
-    if data.get("chart"):
-        lines.append(f"\n![bench-gpu chart]({data['chart']})\n")
-    elif data.get("chart_note"):
-        lines.append(f"\nChart: {data['chart_note']}.\n")
-    raw = json.dumps(data, indent=1, default=str)
-    lines.append(f"\n<details><summary>raw JSON</summary>\n\n```json\n{raw}\n```\n\n</details>\n")
-    return "".join(lines)
-
-
-def details(data: dict) -> str:
-    from bench import report
-
-    text = []
-    prec = data.get("precision", [])
-    if prec:
-        text.append(
-            "Precision modes (median step after warm-up). Memory, each timed step in a window of "
-            "its own (device synchronised; the batch already fetched): `step` is the step's own "
-            "peak, what it adds over what was allocated at its start; `base` that start (the "
-            "data kept on the device, weights, gradients, optimizer state); `all` the highest "
-            "peak of everything allocated. MB; on CPU `all` is the process's peak RSS:\n\n"
-        )
-        table = []
-        for r in prec:
-            lt, pl = r["lightning"], r["plain"]
-            keys = ("images_per_sec", "step_ms", "step_peak_mb", "base_mb", "peak_mb")
-            table.append(
-                [r["mode"], "channels_last" if r["channels_last"] else "NCHW"]
-                + [loop.get(k) for k in keys for loop in (lt, pl)]
-            )
-        cols = ["img/s", "ms", "step MB", "base MB", "all MB"]
-        both = [f"{who} {c}" for c in cols for who in ("template", "plain")]
-        text.append(report.markdown(["mode", "layout", *both], table))
-    ckpt = data.get("checkpointing", [])
-    if ckpt:
-        text.append("\nActivation checkpointing (16-mixed, template):\n\n")
-        keys = ("step_ms", "step_peak_mb", "base_mb", "peak_mb", "skipped")
-        table = [[r["setting"], *(r.get(k) for k in keys)] for r in ckpt]
-        cols = ["setting", "step ms", "step MB", "base MB", "all MB", "note"]
-        text.append(report.markdown(cols, table))
-    host = data.get("host", {}).get("profile")
-    if host:
-        text.append(
-            "\nHost work of a step by owner (cProfile, microseconds per step; inflates Python "
-            "against torch ops):\n\n"
-        )
-        by = host["us_per_step_by_owner"]
-        lightning = by["lightning"].get("total", by["lightning"])
-        owners = list(dict.fromkeys([*lightning, *by["plain"]]))
-        table = [[o, by["plain"].get(o), lightning.get(o)] for o in owners]
-        text.append(report.markdown(["owner", "plain", "Lightning (recipe)"], table))
-    return "".join(text)
-
-
-def chart(data: dict, path: Path) -> str | None:
-    """The chart, or why there is none."""
-    if importlib.util.find_spec("matplotlib") is None:
-        return "not drawn: matplotlib is not installed"
-    from bench import report
-
-    prec = data.get("precision", [])
-    labels = [f"{r['mode']} {'CL' if r['channels_last'] else 'NCHW'}" for r in prec]
-    panels = [
-        (
-            "precision modes: images/s",
-            {
-                loop: [r[loop].get("images_per_sec") for r in prec]
-                for loop in ("lightning", "plain")
-            },
-        ),
-        (
-            "precision modes: peak memory (MB)",
-            {loop: [r[loop].get("peak_mb") for r in prec] for loop in ("lightning", "plain")},
-        ),
-    ]
-    report.grouped_bars(path, labels, panels)
-    return None
-
-
-def write_record(doc: Path, text: str) -> None:
-    """Replace the doc's record section (between the markers) with `text`; append the
-    section where the markers are missing."""
-    old = doc.read_text() if doc.is_file() else ""
-    block = f"{START}\n{text}{END}"
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END) :]
-    else:
-        new = old.rstrip("\n") + "\n\n## Record (`make bench-gpu`)\n\n" + block + "\n"
-    doc.write_text(new)
-
-
 # -- the command ------------------------------------------------------------------------------
 def run(args, out: Path) -> dict:
     """Every section of `args.sections` (bench_gpu.{json,md} in `out` rewritten after each)."""
@@ -1193,7 +704,7 @@ def run(args, out: Path) -> dict:
     def save(data: dict) -> None:
         data["seconds"] = time.perf_counter() - start
         (out / "bench_gpu.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-        (out / "bench_gpu.md").write_text(markdown(data))
+        (out / "bench_gpu.md").write_text(table.markdown(data))
 
     jobs = []
     for name in (s for s in SECTIONS if s in args.sections):
@@ -1201,7 +712,7 @@ def run(args, out: Path) -> dict:
         jobs.append((name, SHARES[name], RUNS[name], ctx))
     left = args.budget - RESERVE_S - (time.perf_counter() - start)
     (out / "sections").mkdir(exist_ok=True)
-    run_sections(jobs, left, data, save, out / "sections", "spawn" if cuda else "fork")
+    budget.run_sections(jobs, left, data, save, out / "sections", "spawn" if cuda else "fork")
     save(data)
     shutil.rmtree(work, ignore_errors=True)
     return data
@@ -1264,17 +775,17 @@ def main(argv: list[str] | None = None) -> dict | None:
         signal.signal(signal.SIGTERM, previous)
     doc = None if args.no_doc else args.doc or (DOC if data["machine"]["gpu"] else None)
     picture = (doc.parent if doc else out) / (doc.stem + ".png" if doc else "bench_gpu.png")
-    data["chart_note"] = chart(data, picture)
+    data["chart_note"] = table.chart(data, picture)
     data["chart"] = None if data["chart_note"] else picture.name
-    text = markdown(data)
+    text = table.markdown(data)
     (out / "bench_gpu.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (out / "bench_gpu.md").write_text(text)
     if doc is not None:
-        write_record(doc, text)
+        table.write_record(doc, text)
     print()
     from bench import report
 
-    print(report.markdown(["target", "measured", "holds"], rows(data)))
+    print(report.markdown(["target", "measured", "holds"], table.rows(data)))
     where = f"{out}/bench_gpu.{{md,json}}" + (f" and the record section of {doc}" if doc else "")
     print(f"wrote {where}")
     return data

@@ -1,5 +1,6 @@
 """`make bench-gpu` (bench/gpu.py): its dry run on CPU gives the table and rewrites a doc's
-record section; the table's verdicts follow the targets; it says what is missing."""
+record section; the table's verdicts follow the targets; it says what is missing; a section
+past its share of the budget is cut and says so, and a killed run keeps what it finished."""
 
 from __future__ import annotations
 
@@ -12,20 +13,21 @@ import time
 
 import pytest
 
-from bench import framework
+from bench import airbench, budget, framework
 from bench import gpu as G
+from bench import gpu_table as T
 
 
 def test_dry_run_prints_the_table_and_rewrites_the_record(tmp_path, capsys):
     doc = tmp_path / "benchmarks-gpu.md"
-    doc.write_text(f"# GPU\n\nbefore\n\n{G.START}\nan older record\n{G.END}\n\nafter\n")
+    doc.write_text(f"# GPU\n\nbefore\n\n{T.START}\nan older record\n{T.END}\n\nafter\n")
     out = tmp_path / "out"
     data = G.main(["--tiny", "--tests", "none", "--out", str(out), "--doc", str(doc)])
     printed = capsys.readouterr().out
     first = printed.splitlines()[:3]
     assert first[1].startswith("missing: ") and first[2].startswith("not a GPU")
     assert "| target | measured | holds |" in printed
-    targets = [t for t, _, _ in G.rows(data)]
+    targets = [t for t, _, _ in T.rows(data)]
     assert set(data["section_seconds"]) == set(G.SECTIONS) and "cut" not in data
     for promise in (
         "template >= 0.97 x plain loop",
@@ -40,8 +42,8 @@ def test_dry_run_prints_the_table_and_rewrites_the_record(tmp_path, capsys):
     ):
         assert any(promise in t for t in targets), promise
     text = doc.read_text()
-    assert text.startswith("# GPU\n\nbefore\n\n") and text.endswith(f"{G.END}\n\nafter\n")
-    assert "an older record" not in text and text.count(G.START) == 1
+    assert text.startswith("# GPU\n\nbefore\n\n") and text.endswith(f"{T.END}\n\nafter\n")
+    assert "an older record" not in text and text.count(T.START) == 1
     assert "**not a GPU**" in text and "| target | measured | holds |" in text
     assert "not run (--tests none)" in text and "raw JSON" in text
     saved = json.loads((out / "bench_gpu.json").read_text())
@@ -120,7 +122,7 @@ def gpu_like(**changes) -> dict:
 
 
 def verdicts(data: dict) -> dict[str, str]:
-    return {target: holds for target, _, holds in G.rows(data)}
+    return {target: holds for target, _, holds in T.rows(data)}
 
 
 def test_the_table_judges_each_promise_by_its_target():
@@ -130,9 +132,9 @@ def test_the_table_judges_each_promise_by_its_target():
     assert by["ResNet-18 b512 16-mixed channels_last"] == "yes"  # 0.98
     assert next(v for k, v in got.items() if k.startswith("mixed precision pays")) == "yes"
     assert next(v for k, v in got.items() if k.startswith("each mode's default layout")) == "yes"
-    ckpt = next(r for r in G.rows(gpu_like()) if r[0].startswith("activation checkpointing"))
+    ckpt = next(r for r in T.rows(gpu_like()) if r[0].startswith("activation checkpointing"))
     assert ckpt[1].startswith("every block: 700 vs 1,400 MB (0.50)") and ckpt[2] == "yes"
-    memory = next(r for r in G.rows(gpu_like()) if r[0].startswith("16-bit modes' step peak"))
+    memory = next(r for r in T.rows(gpu_like()) if r[0].startswith("16-bit modes' step peak"))
     assert memory[1] == "16-mixed NCHW 0.56; 16-mixed channels_last 0.54" and memory[2] == "yes"
     assert next(v for k, v in got.items() if k.startswith("precision=auto")) == "yes"
     assert got["Lightning / plain >= 0.95: SpeedNet"] == "yes"
@@ -149,7 +151,7 @@ def test_a_cut_or_failed_section_is_a_row_after_its_finished_cases():
     data = gpu_like(
         cut={"framework": "cut by the deadline after 104 s"}, failed={"auto": "RuntimeError()"}
     )
-    table = G.rows(data)
+    table = T.rows(data)
     at = table.index(
         ("`framework` ends within its share of --budget", data["cut"]["framework"], "no")
     )
@@ -179,7 +181,7 @@ def test_a_section_past_its_deadline_is_cut_and_the_next_gets_what_is_left(tmp_p
         ("c", 1.0, fails, 3),
         ("d", 1.0, finishes, 4),
     ]
-    G.run_sections(jobs, 12.0, data, lambda d: saved.append(json.dumps(d)), tmp_path, "fork")
+    budget.run_sections(jobs, 12.0, data, lambda d: saved.append(json.dumps(d)), tmp_path, "fork")
     assert data["a"] == {"ran": 1} and data["d"] == {"ran": 4}
     assert data["b"] == ["a first case"] and data["c"] == ["a first case"]
     assert list(data["cut"]) == ["b"] and data["cut"]["b"].startswith("cut by the deadline after")
@@ -216,7 +218,7 @@ def test_unmeasured_promises_say_so():
         framework=[{"case": "x", "skipped": "dry run"}],
         tests={"gpu": {"summary": "not run: pytest is not installed"}},
     )
-    rows = {t: (m, h) for t, m, h in G.rows(data)}
+    rows = {t: (m, h) for t, m, h in T.rows(data)}
     skipped = next(v for k, v in rows.items() if "bf16-mixed channels_last" in k)
     assert skipped == ("skipped: precision=bf16-mixed: Tesla V100 has no bfloat16", "-")
     assert rows["`pytest -m gpu` passes on this machine in <= 180 s"][1] == "-"
@@ -244,8 +246,8 @@ def test_pytest_summary_line(output, expected):
 def test_a_doc_without_the_markers_gets_a_record_section(tmp_path):
     doc = tmp_path / "d.md"
     doc.write_text("# Title\n")
-    G.write_record(doc, "the table\n")
-    G.write_record(doc, "the new table\n")
+    T.write_record(doc, "the table\n")
+    T.write_record(doc, "the new table\n")
     text = doc.read_text()
     assert text.startswith("# Title\n\n## Record") and "the new table" in text
     assert "the table\n" not in text.replace("the new table", "")
@@ -271,3 +273,28 @@ def test_the_gpu_sizes_name_valid_cases():
     assert set(sizes.checkpointing) <= set(G.CHECKPOINTING)
     for _, argv in sizes.framework:
         framework.parse(argv)  # arguments bench.framework takes
+
+
+# airbench94's table as it prints it (25a5182's H100 log, two runs, epochs cut for brevity)
+AIRBENCH_LOG = """\
+------------------------------------------------------------------------------------------------------
+|  run     |  epoch  |  train_loss  |  train_acc  |  val_acc  |  tta_val_acc  |  total_time_seconds  |
+------------------------------------------------------------------------------------------------------
+|       0  |      0  |      1.2441  |     0.8496  |   0.6862  |               |              6.3719  |
+|          |      1  |      1.0371  |     0.9541  |   0.6617  |               |              6.5958  |
+|          |   eval  |      0.8711  |     1.0000  |   0.8272  |       0.8370  |              8.7924  |
+------------------------------------------------------------------------------------------------------
+|       1  |      0  |      1.2725  |     0.8193  |   0.6650  |               |              0.2219  |
+|          |      1  |      1.0195  |     0.9658  |   0.6415  |               |              0.4399  |
+|          |      9  |      0.8716  |     1.0000  |   0.8277  |               |              2.7234  |
+|          |   eval  |      0.8716  |     1.0000  |   0.8277  |       0.8309  |              2.8057  |
+|       2  |      0  |      1.2471  |     0.8291  |   0.6885  |               |              0.3307  |
+"""
+
+
+def test_airbench94_seconds_per_epoch_skip_its_warm_up_run_and_unfinished_ones():
+    found = airbench.seconds_per_epoch(AIRBENCH_LOG)
+    assert found["runs"] == 3 and found["epochs"] == [2, 3, 1]
+    # run 1 only: from its first epoch's end to its last's (training time, cumulative)
+    assert found["seconds_per_epoch"] == pytest.approx((2.7234 - 0.2219) / 9)
+    assert airbench.seconds_per_epoch("Traceback ...")["seconds_per_epoch"] is None
