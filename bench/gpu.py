@@ -709,6 +709,9 @@ def run(args, out: Path) -> dict:
     jobs = []
     for name in (s for s in SECTIONS if s in args.sections):
         ctx = Context(sizes, data_dir, args.data_dir, work, device, 0.0, args.tests, args.airbench)
+        if name == "tests" and args.tests == "none":  # nothing to run: no share of the budget
+            data["tests"] = tests_section(ctx, lambda _: None)
+            continue
         jobs.append((name, SHARES[name], RUNS[name], ctx))
     left = args.budget - RESERVE_S - (time.perf_counter() - start)
     (out / "sections").mkdir(exist_ok=True)
