@@ -16,9 +16,10 @@ def run_sections(jobs: list, budget: float, data: dict, save, folder: Path, star
     """Run each job (name, share, fn, arg) as `fn(arg, keep)` in a process of its own (started
     by `start_method`: CUDA cannot be forked; a fork starts in a blink, imports done), given
     `share` / (the shares left) of what is left of `budget` seconds; `save(data)` after each.
-    An `arg` with a `deadline` attribute gets its deadline (time.time()). A job still running then is
-    killed (its process group: its own subprocesses too) and recorded in `data["cut"]`, with
-    what it passed to `keep` so far as its result; one that raised, in `data["failed"]`."""
+    An `arg` with a `deadline` attribute gets its deadline (time.time()). A job still running
+    then is killed (its process group: its own subprocesses too) and recorded in `data["cut"]`,
+    with what it passed to `keep` so far as its result; one that raised (or died), in
+    `data["failed"]`."""
     start = time.perf_counter()
     shares = sum(share for _, share, *_ in jobs)
     for name, share, fn, arg in jobs:
@@ -57,9 +58,10 @@ def _in_child(fn, arg, path: Path, limit: float, method: str) -> tuple[object, s
                 proc.kill()
             proc.join()
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    if cut:
-        return saved.get("result"), "cut"
-    return saved.get("result"), saved.get("status", f"exit code {proc.exitcode}, no result")
+    status = "cut" if cut else saved.get("status", "partial")
+    if status == "partial":  # it died without a word (a signal, a crash in C)
+        status = f"ended with exit code {proc.exitcode} before it finished"
+    return saved.get("result"), status
 
 
 def _child(fn, arg, path: Path) -> None:

@@ -361,8 +361,8 @@ def chart(data: dict, path: Path) -> str | None:
             },
         ),
         (
-            "precision modes: peak memory (MB)",
-            {loop: [r[loop].get("peak_mb") for r in prec] for loop in ("lightning", "plain")},
+            "precision modes: a step's own peak memory (MB)",
+            {loop: [r[loop].get("step_peak_mb") for r in prec] for loop in ("lightning", "plain")},
         ),
     ]
     report.grouped_bars(path, labels, panels)

@@ -270,7 +270,8 @@ def test_missing_packages_are_named_first(monkeypatch, capsys):
 
 def test_the_gpu_sizes_name_valid_cases():
     sizes = G.Sizes.gpu()
-    assert {m.split()[0] for m in sizes.modes} == {m for m, _ in G.MODES}
+    every = [f"{m} {layout}" for m, _ in G.MODES for layout in ("nchw", "cl")]
+    assert sorted(sizes.modes) == sorted(every)
     assert set(sizes.checkpointing) <= set(G.CHECKPOINTING)
     for _, argv in sizes.framework:
         framework.parse(argv)  # arguments bench.framework takes
