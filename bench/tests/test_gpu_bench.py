@@ -4,6 +4,7 @@ past its share of the budget is cut and says so, and a killed run keeps what it 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import signal
@@ -16,6 +17,7 @@ import pytest
 from bench import airbench, budget, framework
 from bench import gpu as G
 from bench import gpu_table as T
+from conftest import requires_cuda
 
 
 def test_dry_run_prints_the_table_and_rewrites_the_record(tmp_path, capsys):
@@ -300,3 +302,25 @@ def test_airbench94_seconds_per_epoch_skip_its_warm_up_run_and_unfinished_ones()
     # run 1 only: from its first epoch's end to its last's (training time, cumulative)
     assert found["seconds_per_epoch"] == pytest.approx((2.7234 - 0.2219) / 9)
     assert airbench.seconds_per_epoch("Traceback ...")["seconds_per_epoch"] is None
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_the_templates_step_peak_is_device_memory_that_16_bit_and_checkpointing_lower(tmp_path):
+    # On 25a5182 the template's "peak" was the process's RSS (read after Lightning had moved
+    # the module back to the CPU): it rose case after case and no setting lowered it.
+    from bench import synthetic
+
+    sizes = dataclasses.replace(G.Sizes.gpu(), images=1024, batch=256, warmup=2, timed=3)
+    data_dir, _ = synthetic.write(tmp_path / "data", sizes.images, 256)
+
+    def step_peak(*overrides: str) -> float:
+        run = G.case_overrides(sizes, data_dir, tmp_path / "run", "cuda")
+        measured = G.lightning_steps(G.compose([*run, *overrides]), sizes, {})
+        assert 0 < measured["step_peak_mb"] < measured["peak_mb"]
+        return measured["step_peak_mb"]
+
+    cl = "precision.channels_last=true"
+    fp32, mixed = step_peak("precision=32-true", cl), step_peak("precision=16-mixed", cl)
+    stages = step_peak("precision=16-mixed", cl, "model.checkpoint_stages=[0,1]")
+    assert mixed < 0.8 * fp32 and stages < 0.85 * mixed, (fp32, mixed, stages)
