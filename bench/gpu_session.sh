@@ -11,7 +11,7 @@ set -u
 OUT=${OUT:-logs/gpu_session} WHEELS=${WHEELS:-.whl} DATA=${DATA:-data/cifar10-subset}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-$PY -m pip install -q --no-index --no-deps --target .bench-site "$WHEELS"/*.whl || exit 2
+$PY -m pip install -q --upgrade --no-index --no-deps --target .bench-site "$WHEELS"/*.whl || exit 2
 export PYTHONPATH=src:.:.bench-site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 
