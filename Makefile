@@ -40,10 +40,11 @@ test-extras: $(STAMP)
 # docs/benchmarks-gpu.md's record section. No venv is needed: on a GPU machine that has torch,
 # torchvision, lightning and torchmetrics but no network,
 #   make bench-gpu PYTHON=python3 WHEELS=<folder of Hydra's wheels> [DATA=<CIFAR-10 folder>]
+#                  [AIRBENCH=<airbench94.py>] [ARGS="--budget 600 ..."]
 # installs Hydra's three wheels into .bench-site/ and runs with PYTHONPATH=src:. (the venv's
 # python is used where `make install` made one). Without CUDA it is a dry run at tiny sizes.
 BENCH_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 bench-gpu:
 	$(if $(WHEELS),$(BENCH_PY) -m pip install -q --no-index --no-deps --target .bench-site $(WHEELS)/*.whl &&) \
 	PYTHONPATH=src:.$(if $(WHEELS),:.bench-site)$${PYTHONPATH:+:$$PYTHONPATH} \
-	$(BENCH_PY) -m bench.gpu $(if $(DATA),--data-dir $(DATA)) $(ARGS)
+	$(BENCH_PY) -m bench.gpu $(if $(DATA),--data-dir $(DATA)) $(if $(AIRBENCH),--airbench $(AIRBENCH)) $(ARGS)

@@ -2,24 +2,34 @@
 command, as one table: target | measured | holds.
 
     python -m bench.gpu [--data-dir <CIFAR-10 folder>] [--tests all|gpu|none] [--budget 600]
+                        [--airbench <airbench94.py>]
 
-On a CUDA machine (meant to take at most 10 minutes on one H100) it measures:
+On a CUDA machine (within `--budget`, 600 s: meant for one H100) it measures:
 - precision modes on ResNet-18, batch 512: strict fp32 (TF32 off), 32-true (TF32),
   16-mixed, bf16-mixed, each NCHW and channels_last: images/s and peak memory of the
   template's training step (Lightning, the default callbacks) against the plain PyTorch loop's
-  (bench/reference_loop.py) for the same set-up: what the hardware gives;
-- activation checkpointing: each stage setting's peak memory and step time against none;
+  (bench/reference_loop.py) for the same set-up: what the hardware gives. Both loops' memory
+  is read in the same window, step by step (bench/memory.py's StepWindow): the step's own
+  peak, over what was allocated at its start (the data kept on the device, weights, optimizer
+  state), which the targets compare;
+- activation checkpointing: each stage setting's step peak and step time against none;
 - precision=auto: its probe's choice and time, checked against the modes' measured speed;
 - the Lightning loop against the plain loop (bench/framework.py: the run experiment=
-  speedrun_gpu builds, every callback) for SpeedNet 64,256,256 batch 1024 bf16-mixed and
-  ResNet-18 batch 512 16-mixed, each without and with torch.compile;
+  speedrun_gpu builds, every callback) for SpeedNet 64,256,256 batch 1024 bf16-mixed, eager
+  and compiled, and ResNet-18 batch 512 16-mixed, eager;
 - host work per step: the same comparison at a tiny width (SpeedNet 4,4,4, batch 8), where
   a step is host work, and where its time goes (bench/host_work.py);
 - `train.py experiment=speedrun_gpu` on 50,000 training images (those of `--data-dir`
   repeated, or random pixels: speed does not depend on them) in a fresh process: seconds per
-  epoch, train_seconds, compile_seconds, fit_seconds;
+  epoch, train_seconds, compile_seconds, fit_seconds; and, given `--airbench`, the public
+  airbench94 script (KellerJordan/cifar10-airbench, legacy/airbench94.py) on the same images:
+  its seconds per epoch;
 - `pytest -m gpu` and the default suite on this machine, their summary lines.
-then prints the table and writes it, with the raw JSON and a chart, into the record section
+Every section runs in a process of its own, within a share of `--budget` (SHARES, of what the
+sections before it left): one that runs past it is killed, and the table says it was cut, after
+the cases it finished. After each section the JSON and the table so far are written to the
+output folder, so a run killed midway keeps what it finished. At the end it prints the table
+and writes it (bench/gpu_table.py), with the raw JSON and a chart, into the record section
 of docs/benchmarks-gpu.md, naming the GPU, driver, torch, Lightning and the other versions.
 
 Without CUDA it is a dry run of the same code at tiny sizes ("not a GPU" in its header),
@@ -41,6 +51,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,10 +60,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench import budget
+from bench import gpu_table as table
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks-gpu.md"
-START = "<!-- bench-gpu record: start (written by `make bench-gpu`; edits inside are lost) -->"
-END = "<!-- bench-gpu record: end -->"
 NEEDED = {  # import name -> distribution
     "torch": "torch",
     "torchvision": "torchvision",
@@ -66,7 +78,20 @@ OPTIONAL = {  # import name -> (distribution, what is lost without it)
     "pytest": ("pytest", "the test suites are not run"),
     "xdist": ("pytest-xdist", "the default suite runs on one worker"),
 }
-SECTIONS = ("precision", "checkpointing", "auto", "framework", "host", "speedrun", "tests")
+# Each section's share of what the sections before it left of --budget (600 s: about 120 s for
+# precision, 105 for framework, 100 for speedrun, 160 for the tests; the quick ones leave theirs
+# to the next).
+SHARES = {
+    "precision": 3.0,
+    "checkpointing": 1.0,
+    "auto": 1.0,
+    "framework": 2.5,
+    "host": 1.0,
+    "speedrun": 2.5,
+    "tests": 3.5,
+}
+SECTIONS = tuple(SHARES)
+RESERVE_S = 10.0  # of --budget, for the start (data, versions) and the end (table, chart)
 # Precision modes of the table: (row name, precision overrides).
 MODES = (
     ("32-true-strict", ("precision=32-true", "precision.tf32=false")),
@@ -82,16 +107,6 @@ CHECKPOINTING = {
     "every stage": ["model.checkpoint_stages=ALL"],
     "every block": ["model.activation_checkpointing=1"],
 }
-# Targets (docs/benchmarks-gpu.md).
-RATIO = 0.95  # Lightning / plain, images/s
-MIXED_SPEEDUP = 2.0  # best 16-bit mode (channels_last) over 32-true (TF32) NCHW, template
-MIXED_MEMORY = 0.6  # 16-bit modes' peak memory over 32-true's
-CKPT_MEMORY, CKPT_TIME = 0.75, 1.3  # best checkpointing setting: memory and step-time ratios
-HOST_STEP_MS = 4.0  # airbench94's whole GPU step at batch 1024 on an H100
-HOST_EXTRA_MS = 1.0  # Lightning's extra host work per step
-EPOCH_S = 0.20  # speedrun_gpu, 50,000 images
-FIT_OVER_TRAIN = 2.0
-OUTSIDE_TRAIN = 0.15  # (fit - train - compile) / train
 
 
 SPEEDNET_GPU = ["--widths", "64,256,256", "--batch-size", "1024", "--precision", "bf16-mixed"]
@@ -132,17 +147,17 @@ class Sizes:
             batch=512,
             warmup=5,
             timed=20,
-            modes=[f"{m} {layout}" for m, _ in MODES for layout in ("nchw", "cl")],
+            # the default layouts' cases first: the ones a cut would cost most
+            modes=[
+                *("16-mixed cl", "bf16-mixed cl", "32-true cl", "32-true nchw"),
+                *("16-mixed nchw", "bf16-mixed nchw", "32-true-strict nchw", "32-true-strict cl"),
+            ],
             checkpointing=list(CHECKPOINTING),
             probe_seconds=20.0,
             framework=[
                 ("SpeedNet 64,256,256 b1024 bf16-mixed", SPEEDNET_GPU),
                 ("SpeedNet 64,256,256 b1024 bf16-mixed, compiled", [*SPEEDNET_GPU, "--compile"]),
                 ("ResNet-18 b512 16-mixed", [*RESNET_GPU, "--channels-last"]),
-                (
-                    "ResNet-18 b512 16-mixed, compiled",
-                    [*RESNET_GPU, "--channels-last", "--compile"],
-                ),
             ],
             framework_epochs=2,
             framework_repeats=2,
@@ -260,19 +275,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _peak_mb(device, reset: bool = False) -> float | None:
-    import torch
-
-    from cifar_amp.diagnostics import peak_rss_mb
-
-    if device.type != "cuda":
-        return None if reset else peak_rss_mb()
-    if reset:
-        torch.cuda.reset_peak_memory_stats(device)
-        return None
-    return torch.cuda.max_memory_allocated(device) / 2**20
-
-
 def datamodule(cfg, layout: bool, trainer, datamodules: dict):
     """The DataModule of this layout, loaded onto the Trainer's device once for all cases."""
     from cifar_amp import build
@@ -296,8 +298,24 @@ def _release() -> None:
         torch.cuda.empty_cache()
 
 
+def _measured(seconds: list[float], window, batch: int, device) -> dict:
+    """Median step after the warm-up, and the memory of `window` (bench/memory.py's StepWindow);
+    off CUDA, the process's peak RSS instead."""
+    from cifar_amp.diagnostics import peak_rss_mb
+
+    step = statistics.median(seconds[window.warmup :])
+    cuda = device.type == "cuda"
+    return {
+        "step_ms": 1e3 * step,
+        "images_per_sec": batch / step,
+        "peak_mb": window.peak_mb if cuda else peak_rss_mb(),
+        "step_peak_mb": window.step_peak_mb,
+        "base_mb": window.base_mb,
+    }
+
+
 def lightning_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
-    """The template's steps: median step time and peak memory over the timed steps."""
+    """The template's steps: median step time and the steps' memory."""
     import lightning as L
     import torch
 
@@ -317,23 +335,21 @@ def lightning_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
     finally:
         for dm in datamodules.values():
             dm.trainer = None  # a reused DataModule must not keep this case's model alive
-    step = statistics.median(meter.seconds[sizes.warmup :])
-    device = module.device
-    return {
-        "step_ms": 1e3 * step,
-        "images_per_sec": cfg.data.batch_size / step,
-        "peak_mb": meter.peak_mb if device.type == "cuda" else _peak_mb(device),
-        "channels_last": bool(module.hparams.channels_last),
-    }
+    # Not module.device: Lightning's teardown has moved the module back to the CPU.
+    device = trainer.strategy.root_device
+    measured = _measured(meter.seconds, meter.memory, cfg.data.batch_size, device)
+    return measured | {"channels_last": bool(module.hparams.channels_last)}
 
 
 def plain_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
     """The same set-up in the plain loop: same network and initial weights, precision, TF32
-    setting, layout, optimizer, schedule and device-resident batches."""
+    setting, layout, optimizer, schedule and device-resident batches; each step's memory in
+    the window the template's steps get (the batch fetched before it opens)."""
     import lightning as L
     import torch
     from hydra.utils import instantiate
 
+    from bench.memory import StepWindow
     from bench.reference_loop import Step
     from cifar_amp import build
     from cifar_amp.errors import UserError
@@ -355,31 +371,43 @@ def plain_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
     )
     step = Step(net, optimizer, scheduler, prec.name, module.hparams.label_smoothing)
     loader, batches, seconds = dm.train_dataloader(), iter(()), []
+    window = StepWindow(device, sizes.warmup)
     net.train()
     try:
-        for i in range(steps):
-            if i == sizes.warmup:
-                _peak_mb(device, reset=True)
+        for _ in range(steps):
             batch = next(batches, None)
             if batch is None:
                 batches = iter(loader)
                 batch = next(batches)
-            _sync(device)
+            window.start()  # synchronises on CUDA
             start = time.perf_counter()
             step(*batch)
             _sync(device)
             seconds.append(time.perf_counter() - start)
+            window.stop()
     except torch.OutOfMemoryError:
         return {"skipped": "out of memory"}
-    median = statistics.median(seconds[sizes.warmup :])
-    return {
-        "step_ms": 1e3 * median,
-        "images_per_sec": cfg.data.batch_size / median,
-        "peak_mb": _peak_mb(device),
-    }
+    return _measured(seconds, window, cfg.data.batch_size, device)
 
 
-# -- the sections ---------------------------------------------------------------------------
+# -- the sections: each `fn(ctx, keep)`, in a process of its own ------------------------------
+@dataclass
+class Context:
+    """What every section gets. `deadline`: time.time() by which its process is killed."""
+
+    sizes: Sizes
+    data_dir: Path  # the timing data (`images` of them)
+    source: str | None  # --data-dir
+    work: Path
+    device: str
+    deadline: float
+    tests: str = "none"
+    airbench: str | None = None
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+
 def case_overrides(sizes: Sizes, data_dir: Path, run_dir: Path, device: str) -> list[str]:
     """A run of the template's default config that only trains (timed steps, no writes)."""
     return [
@@ -403,13 +431,14 @@ def case_overrides(sizes: Sizes, data_dir: Path, run_dir: Path, device: str) -> 
     ]
 
 
-def precision_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms: dict) -> list:
-    rows = []
+def precision_section(ctx: Context, keep) -> list:
+    sizes, rows, dms = ctx.sizes, [], {}
     for case in sizes.modes:
         name, layout = case.split()
+        run_dir = ctx.work / case.replace(" ", "-")
         cfg = compose(
             [
-                *case_overrides(sizes, data_dir, work / case.replace(" ", "-"), device),
+                *case_overrides(sizes, ctx.data_dir, run_dir, ctx.device),
                 *dict(MODES)[name],
                 f"precision.channels_last={str(layout == 'cl').lower()}",
             ]
@@ -421,42 +450,43 @@ def precision_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms
         row["plain"] = plain_steps(cfg, sizes, dms)
         _release()
         rows.append(row)
+        keep(rows)
     return rows
 
 
-def checkpointing_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms: dict):
+def checkpointing_section(ctx: Context, keep) -> list:
     """16-mixed in its default layout, with each checkpointing setting."""
+    sizes, rows, dms = ctx.sizes, [], {}
     every = f"[{','.join(map(str, range(sizes.stages)))}]"
-    rows = []
     for label in sizes.checkpointing:
         overrides = [o.replace("ALL", every) for o in CHECKPOINTING[label]]
         tag = "ckpt-" + label.replace(" ", "_").replace(",", "-")
-        cfg = compose(
-            [*case_overrides(sizes, data_dir, work / tag, device), "precision=16-mixed", *overrides]
-        )
+        base = case_overrides(sizes, ctx.data_dir, ctx.work / tag, ctx.device)
+        cfg = compose([*base, "precision=16-mixed", *overrides])
         _log(f"activation checkpointing: {label}")
         rows.append({"setting": label, **lightning_steps(cfg, sizes, dms)})
         _release()
+        keep(rows)
     return rows
 
 
-def auto_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms: dict) -> dict:
+def auto_section(ctx: Context, keep) -> dict:
     """precision=auto's probe on the precision section's network and batch."""
     from cifar_amp import autoprecision as A
     from cifar_amp import build
 
     cfg = compose(
         [
-            *case_overrides(sizes, data_dir, work / "auto", device),
+            *case_overrides(ctx.sizes, ctx.data_dir, ctx.work / "auto", ctx.device),
             "precision=auto",
-            f"precision.probe_seconds={sizes.probe_seconds}",
+            f"precision.probe_seconds={ctx.sizes.probe_seconds}",
         ]
     )
     _log("precision=auto: probe")
     prec = build.precision(cfg)
     trainer = build.trainer(cfg, prec)
     dev = trainer.strategy.root_device
-    dm = datamodule(cfg, prec.layout, trainer, dms)
+    dm = datamodule(cfg, prec.layout, trainer, {})
     module = build.module(cfg, dm.num_classes, prec.layout)
     names = A.candidates(dev.type, *A.capabilities(dev))
     batch = next(iter(dm.train_dataloader()))  # as the probe takes it in a run
@@ -465,7 +495,6 @@ def auto_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms: dic
         module, batch, names, lambda n: prec.plugin(dev.type, n), dev, prec.probe_seconds
     )
     seconds = time.perf_counter() - start
-    _release()
     return {
         "candidates": names,
         "images_per_sec": {k: m.images_per_sec for k, m in found.items()},
@@ -478,18 +507,18 @@ def auto_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms: dic
     }
 
 
-def framework_section(sizes: Sizes, data_dir: Path, work: Path, device: str) -> list:
+def framework_section(ctx: Context, keep) -> list:
     """The recipe's Lightning run against the plain loop (bench/framework.py)."""
     from bench import framework
 
-    cases = []
+    sizes, cases = ctx.sizes, []
     for i, (name, args) in enumerate(sizes.framework):
         _log(f"framework: {name}")
         compiled = "--compile" in args
         argv = [
             *args,
             "--device",
-            device,
+            ctx.device,
             "--fused",
             "--n-images",
             str(sizes.images),
@@ -501,68 +530,85 @@ def framework_section(sizes: Sizes, data_dir: Path, work: Path, device: str) -> 
             "--warmup-rounds",
             str(sizes.warmup_rounds),
         ]
-        report = framework.compare(framework.parse(argv), work / f"framework{i}", data_dir)
+        report = framework.compare(framework.parse(argv), ctx.work / f"framework{i}", ctx.data_dir)
         cases.append({"case": name, "argv": argv, **report})
         _release()
+        keep(cases)
     return cases
 
 
-def host_section(sizes: Sizes, source: str | None, work: Path, device: str) -> dict:
+def host_section(ctx: Context, keep) -> dict:
     """A step of the recipe at a tiny width, where it is host work; and where it goes."""
     from bench import framework, host_work
 
-    argv = ["--device", device, "--widths", "4,4,4", "--batch-size", "8", "--epochs", "1"]
+    sizes = ctx.sizes
+    argv = ["--device", ctx.device, "--widths", "4,4,4", "--batch-size", "8", "--epochs", "1"]
     argv += ["--n-images", str(sizes.host_images), "--warmup-rounds", str(sizes.warmup_rounds)]
-    if device == "cuda":  # the recipe's precision and optimizer
+    if ctx.device == "cuda":  # the recipe's precision and optimizer
         argv += ["--precision", "bf16-mixed", "--fused"]
-    argv += ["--data-dir", source] if source else []
+    argv += ["--data-dir", ctx.source] if ctx.source else []
     _log("host work per step")
     args = framework.parse([*argv, "--repeats", str(sizes.host_repeats)])
-    timed = framework.compare(args, work / "host")
+    timed = {"argv": argv, **framework.compare(args, ctx.work / "host")}
+    keep(timed)
     _log("host work: profile")
-    profiled = host_work.profile(framework.parse(argv), work / "host_profile", top=5)
-    return {"argv": argv, **timed, "profile": profiled}
+    profiled = host_work.profile(framework.parse(argv), ctx.work / "host_profile", top=5)
+    return timed | {"profile": profiled}
 
 
-def speedrun_section(sizes: Sizes, data_dir: Path, work: Path, deadline: float) -> dict:
+def speedrun_section(ctx: Context, keep) -> dict:
     """`train.py experiment=speedrun_gpu`, in a fresh process as a user runs it (the dry run:
-    the same config, trained in this process)."""
-    run_dir = work / "speedrun_gpu"
+    the same config, trained in this process); then airbench94 on the same images."""
+    run_dir = ctx.work / "speedrun_gpu"
     overrides = [
         "experiment=speedrun_gpu",
-        f"data.data_dir={data_dir}",
+        f"data.data_dir={ctx.data_dir}",
         "data.download=false",
-        *sizes.speedrun,
+        *ctx.sizes.speedrun,
     ]
     command = [sys.executable, "train.py", *overrides, f"hydra.run.dir={run_dir}"]
     _log("train.py experiment=speedrun_gpu")
     start = time.perf_counter()
     result = {"command": " ".join(command[1:])}
-    if sizes.fresh_process:
-        timeout = max(300.0, deadline - start)
+    if ctx.sizes.fresh_process:
+        timeout = max(1.0, ctx.left() - (30 if ctx.airbench else 2))  # airbench94: about 20 s
         try:
             out = subprocess.run(
                 command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout
             )
+            if out.returncode != 0:
+                tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
+                result["failed"] = tail
         except subprocess.TimeoutExpired:
-            return result | {"failed": f"did not finish in {timeout:.0f} s", "seconds": timeout}
-        if out.returncode != 0:
-            tail = (out.stderr or out.stdout).strip().splitlines()[-1:]
-            return result | {"failed": tail, "seconds": time.perf_counter() - start}
+            result["failed"] = f"did not finish in {timeout:.0f} s"
     else:
         from cifar_amp.training import train
 
         train(compose([*overrides, f"run_dir={run_dir}"]))
-    found = json.loads((run_dir / "metrics.json").read_text())
-    keys = ("epochs", "train_seconds", "compile_seconds", "fit_seconds", "test/acc", "precision")
-    return result | {k: found.get(k) for k in keys} | {"seconds": time.perf_counter() - start}
+    if "failed" not in result:
+        found = json.loads((run_dir / "metrics.json").read_text())
+        keys = ("epochs", "train_seconds", "compile_seconds", "fit_seconds", "test/acc")
+        result |= {k: found.get(k) for k in (*keys, "precision")}
+    result["seconds"] = time.perf_counter() - start
+    keep(result)
+    if not ctx.airbench:
+        result["airbench94"] = {"skipped": "no --airbench"}
+    elif ctx.device != "cuda":
+        result["airbench94"] = {"skipped": "airbench94 needs CUDA"}
+    else:
+        from bench import airbench
+
+        _log(f"airbench94: {ctx.airbench}")
+        result["airbench94"] = airbench.run(ctx.airbench, ctx.data_dir, ctx.work, ctx.deadline)
+    return result
 
 
-def tests_section(which: str, deadline: float) -> dict:
+def tests_section(ctx: Context, keep) -> dict:
     """`pytest -m gpu` and the default suite, each with its summary line."""
     out = {}
     suites = {"gpu": ["-m", "gpu"], "default": []}
     for name, args in suites.items():
+        which = ctx.tests
         if which == "none" or (which == "gpu" and name == "default"):
             out[name] = {"summary": f"not run (--tests {which})"}
             continue
@@ -571,7 +617,10 @@ def tests_section(which: str, deadline: float) -> dict:
             continue
         workers = ["-n", "8"] if name == "default" and importlib.util.find_spec("xdist") else []
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, *workers]
-        timeout = max(60.0, deadline - time.perf_counter())
+        timeout = ctx.left() - 2
+        if timeout <= 0:
+            out[name] = {"summary": "not run: no time left", "passed": False}
+            continue
         _log(f"pytest {' '.join(args + workers) or '(default suite)'}, at most {timeout:.0f} s")
         start = time.perf_counter()
         try:
@@ -585,17 +634,27 @@ def tests_section(which: str, deadline: float) -> dict:
             tail = summary_line(
                 e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
             )
-            summary, ok = (
-                f"did not finish in {timeout:.0f} s" + (f" ({tail})" if tail else ""),
-                False,
-            )
+            summary = f"did not finish in {timeout:.0f} s" + (f" ({tail})" if tail else "")
+            ok = False
         out[name] = {
             "command": " ".join(command[1:]),
             "summary": summary,
             "passed": ok,
             "seconds": time.perf_counter() - start,
         }
+        keep(out)
     return out
+
+
+RUNS = {
+    "precision": precision_section,
+    "checkpointing": checkpointing_section,
+    "auto": auto_section,
+    "framework": framework_section,
+    "host": host_section,
+    "speedrun": speedrun_section,
+    "tests": tests_section,
+}
 
 
 def summary_line(text: str) -> str | None:
@@ -619,321 +678,14 @@ def _log(text: str) -> None:
     print(f"[bench-gpu {time.perf_counter() - T0:6.1f} s] {text}", file=sys.stderr, flush=True)
 
 
-# -- the table ------------------------------------------------------------------------------
-def _fmt(value, unit: str = "", digits: int = 0) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.{digits}f}{unit}"
-
-
-def _holds(ok) -> str:
-    return "-" if ok is None else ("yes" if ok else "no")
-
-
-def rows(data: dict) -> list[tuple[str, str, str]]:
-    """(target, measured, holds) for every promise; `holds` is "-" where nothing was measured."""
-    out = []
-    model, batch = data["sizes"]["net"], data["sizes"]["batch"]
-    prec = {(r["mode"], r["channels_last"]): r for r in data.get("precision", [])}
-    for (mode, cl), r in prec.items():
-        lt, pl = r["lightning"], r["plain"]
-        layout = "channels_last" if cl else "NCHW"
-        target = f"{model} b{batch} {mode} {layout}: template >= {RATIO} x plain loop, images/s"
-        if "skipped" in lt or "skipped" in pl:
-            out.append((target, f"skipped: {lt.get('skipped') or pl.get('skipped')}", "-"))
-            continue
-        ratio = lt["images_per_sec"] / pl["images_per_sec"]
-        out.append(
-            (
-                target,
-                f"template {_fmt(lt['images_per_sec'])} img/s, {_fmt(lt['peak_mb'])} MB; "
-                f"plain {_fmt(pl['images_per_sec'])} img/s, {_fmt(pl['peak_mb'])} MB; "
-                f"ratio {ratio:.2f}",
-                _holds(ratio >= RATIO),
-            )
-        )
-
-    def speed(mode, cl):
-        return prec.get((mode, cl), {}).get("lightning", {}).get("images_per_sec")
-
-    def memory(mode, cl):
-        return prec.get((mode, cl), {}).get("lightning", {}).get("peak_mb")
-
-    if prec:
-        base = speed("32-true", False)
-        mixed = {m: speed(m, True) for m in ("16-mixed", "bf16-mixed") if speed(m, True)}
-        best = max(mixed, key=mixed.get) if mixed else None
-        gain = mixed[best] / base if best and base else None
-        out.append(
-            (
-                f"mixed precision pays: best 16-bit mode (channels_last) >= {MIXED_SPEEDUP} x "
-                "32-true (TF32, NCHW), template images/s",
-                f"{best} {gain:.2f} x" if gain else "-",
-                _holds(gain >= MIXED_SPEEDUP if gain else None),
-            )
-        )
-        fp32 = memory("32-true", False)
-        mems = {m: memory(m, True) for m in ("16-mixed", "bf16-mixed") if memory(m, True)}
-        worst = max(mems.values()) / fp32 if mems and fp32 else None
-        out.append(
-            (
-                f"16-bit modes' peak memory <= {MIXED_MEMORY} x 32-true's",
-                "; ".join(f"{m} {v / fp32:.2f}" for m, v in mems.items()) if worst else "-",
-                _holds(worst <= MIXED_MEMORY if worst else None),
-            )
-        )
-        checks = []
-        for mode in ("32-true", "16-mixed", "bf16-mixed"):
-            faster = {cl: speed(mode, cl) for cl in (False, True)}
-            if None in faster.values():
-                continue
-            default = data["defaults"].get(mode)
-            checks.append((mode, default, faster[default] >= max(faster.values()) / 1.02))
-        out.append(
-            (
-                "each mode's default layout is its faster one (within 2%)",
-                ", ".join(
-                    f"{m}: {'channels_last' if d else 'NCHW'} {'ok' if ok else 'slower'}"
-                    for m, d, ok in checks
-                )
-                or "-",
-                _holds(all(ok for *_, ok in checks) if checks else None),
-            )
-        )
-    ckpt = [r for r in data.get("checkpointing", []) if "skipped" not in r]
-    none = next((r for r in ckpt if r["setting"] == "none"), None)
-    if none and len(ckpt) > 1:
-        others = [
-            r | {"mem": r["peak_mb"] / none["peak_mb"], "time": r["step_ms"] / none["step_ms"]}
-            for r in ckpt
-            if r is not none
-        ]
-        fast = [r for r in others if r["time"] <= CKPT_TIME] or others
-        best = min(fast, key=lambda r: r["mem"])
-        out.append(
-            (
-                f"activation checkpointing, best setting: peak memory <= {CKPT_MEMORY} x none's "
-                f"at <= {CKPT_TIME} x its step time",
-                f"{best['setting']}: {_fmt(best['peak_mb'])} vs {_fmt(none['peak_mb'])} MB "
-                f"({best['mem']:.2f}), {best['step_ms']:.1f} vs {none['step_ms']:.1f} ms "
-                f"({best['time']:.2f})",
-                _holds(best["mem"] <= CKPT_MEMORY and best["time"] <= CKPT_TIME),
-            )
-        )
-    auto = data.get("auto")
-    if auto:
-        cl = auto["channels_last"]
-        table = {m: speed(m, cl) for m in auto["candidates"] if speed(m, cl)}
-        finite = [m for m in table if auto["finite"].get(m)]
-        fastest = max(finite, key=table.get) if finite else None
-        agrees = table.get(auto["chosen"], 0) >= 0.95 * table[fastest] if fastest else None
-        probed = ", ".join(f"{m} {_fmt(v)}" for m, v in auto["images_per_sec"].items())
-        out.append(
-            (
-                "precision=auto: probe <= its budget, and picks a mode within 5% of the "
-                "fastest finite one of the table above",
-                f"{auto['chosen']} in {auto['seconds']:.1f} s (probe img/s: {probed}; "
-                f"table's fastest: {fastest})",
-                _holds(
-                    None if agrees is None else agrees and auto["seconds"] <= auto["budget"] + 2
-                ),
-            )
-        )
-    for case in data.get("framework", []):
-        target = f"Lightning / plain >= {RATIO}: {case['case']}"
-        if "skipped" in case:
-            out.append((target, f"not run ({case['skipped']})", "-"))
-            continue
-        ratio = case["ratio_lightning_over_plain"]
-        out.append(
-            (
-                target,
-                f"plain {_fmt(case['plain_images_per_s'])} img/s, Lightning "
-                f"{_fmt(case['lightning_images_per_s'])} img/s ({ratio:.3f}); "
-                f"Lightning {case['lightning_s_per_epoch']:.3f} s/epoch",
-                _holds(ratio >= RATIO),
-            )
-        )
-    host = data.get("host")
-    if host:
-        ms = host["ms_per_step"]
-        out.append(
-            (
-                f"host work of a recipe step (Lightning, module, every callback) <= "
-                f"{HOST_STEP_MS} ms (airbench94's H100 step at batch 1024)",
-                f"{ms['lightning']:.2f} ms (plain loop {ms['plain']:.2f} ms; tiny net)",
-                _holds(ms["lightning"] <= HOST_STEP_MS),
-            )
-        )
-        out.append(
-            (
-                f"Lightning's extra host work per step <= {HOST_EXTRA_MS} ms",
-                f"{host['lightning_extra_ms_per_step']:.2f} ms",
-                _holds(host["lightning_extra_ms_per_step"] <= HOST_EXTRA_MS),
-            )
-        )
-    run = data.get("speedrun")
-    if run:
-        if "failed" in run:
-            out.append(("experiment=speedrun_gpu runs", f"failed: {run['failed']}", "no"))
-        else:
-            train, fit = run["train_seconds"], run["fit_seconds"]
-            compiled = run.get("compile_seconds") or 0.0
-            per_epoch = train / run["epochs"] if train and run["epochs"] else None
-            images = data["sizes"]["images"]
-            out.append(
-                (
-                    f"experiment=speedrun_gpu: an epoch of {images:,} images <= {EPOCH_S} s",
-                    f"{_fmt(per_epoch, ' s', 3)} (train_seconds {_fmt(train, '', 2)} / "
-                    f"{run['epochs']} epochs)",
-                    _holds(per_epoch <= EPOCH_S if per_epoch else None),
-                )
-            )
-            out.append(
-                (
-                    f"speedrun_gpu: fit_seconds (compile included) <= {FIT_OVER_TRAIN} x "
-                    "train_seconds",
-                    f"fit {_fmt(fit, ' s', 2)}, train {_fmt(train, ' s', 2)}, compile "
-                    f"{_fmt(run.get('compile_seconds'), ' s', 2)}",
-                    _holds(fit <= FIT_OVER_TRAIN * train if fit and train else None),
-                )
-            )
-            rest = fit - train - compiled if fit and train else None
-            out.append(
-                (
-                    f"speedrun_gpu: fit - train - compile <= {OUTSIDE_TRAIN:.0%} of train_seconds",
-                    f"{_fmt(rest, ' s', 2)} ({rest / train:.0%})" if rest is not None else "-",
-                    _holds(rest <= OUTSIDE_TRAIN * train if rest is not None else None),
-                )
-            )
-    for name, label in (("gpu", "`pytest -m gpu`"), ("default", "the default test suite")):
-        t = data.get("tests", {}).get(name)
-        if t:
-            out.append((f"{label} passes on this machine", t["summary"], _holds(t.get("passed"))))
-    return out
-
-
-def markdown(data: dict) -> str:
-    """The record: header, the table, the details, the chart and the raw JSON."""
-    from bench import report
-
-    m = data["machine"]
-    if m["gpu"]:
-        head = f"**{m['gpu']}**, driver {m['driver'] or '?'}, CUDA {m['cuda']}, cuDNN {m['cudnn']}"
-    else:
-        head = "**not a GPU**: a CPU dry run at tiny sizes (the figures say nothing about a GPU)"
-    lines = [
-        f"### `make bench-gpu`, {m['date']}\n",
-        f"{head}; torch {m['torch']}, Lightning {m['lightning']}, torchmetrics "
-        f"{m['torchmetrics']}, torchvision {m['torchvision']}, hydra-core {m['hydra-core']}, "
-        f"Python {m['python']}; {m['cpu_cores']} CPU cores; commit {m['commit']}"
-        f"{' (with uncommitted changes)' if m['dirty'] else ''}. Took {data['seconds']:.0f} s ("
-        + ", ".join(f"{k} {v:.0f} s" for k, v in data["section_seconds"].items())
-        + f"). Data: {data['images']}.\n",
-    ]
-    if data["missing"]:
-        lines.append(f"Missing: {', '.join(data['missing'])}.\n")
-    lines.append("\n" + report.markdown(["target", "measured", "holds"], rows(data)))
-    lines.append("\n" + details(data))
-    if data.get("chart"):
-        lines.append(f"\n![bench-gpu chart]({data['chart']})\n")
-    elif data.get("chart_note"):
-        lines.append(f"\nChart: {data['chart_note']}.\n")
-    raw = json.dumps(data, indent=1, default=str)
-    lines.append(f"\n<details><summary>raw JSON</summary>\n\n```json\n{raw}\n```\n\n</details>\n")
-    return "".join(lines)
-
-
-def details(data: dict) -> str:
-    from bench import report
-
-    text = []
-    prec = data.get("precision", [])
-    if prec:
-        text.append(
-            "Precision modes (median step after warm-up; peak memory over the timed steps):\n\n"
-        )
-        table = []
-        for r in prec:
-            lt, pl = r["lightning"], r["plain"]
-            table.append(
-                [
-                    r["mode"],
-                    "channels_last" if r["channels_last"] else "NCHW",
-                    lt.get("images_per_sec"),
-                    pl.get("images_per_sec"),
-                    lt.get("step_ms"),
-                    pl.get("step_ms"),
-                    lt.get("peak_mb"),
-                    pl.get("peak_mb"),
-                ]
-            )
-        cols = ["mode", "layout", "template img/s", "plain img/s", "template ms", "plain ms"]
-        text.append(report.markdown([*cols, "template MB", "plain MB"], table))
-    ckpt = data.get("checkpointing", [])
-    if ckpt:
-        text.append("\nActivation checkpointing (16-mixed, template):\n\n")
-        table = [[r["setting"], r.get("step_ms"), r.get("peak_mb"), r.get("skipped")] for r in ckpt]
-        text.append(report.markdown(["setting", "step ms", "peak MB", "note"], table))
-    host = data.get("host", {}).get("profile")
-    if host:
-        text.append(
-            "\nHost work of a step by owner (cProfile, microseconds per step; inflates Python "
-            "against torch ops):\n\n"
-        )
-        by = host["us_per_step_by_owner"]
-        lightning = by["lightning"].get("total", by["lightning"])
-        owners = list(dict.fromkeys([*lightning, *by["plain"]]))
-        table = [[o, by["plain"].get(o), lightning.get(o)] for o in owners]
-        text.append(report.markdown(["owner", "plain", "Lightning (recipe)"], table))
-    return "".join(text)
-
-
-def chart(data: dict, path: Path) -> str | None:
-    """The chart, or why there is none."""
-    if importlib.util.find_spec("matplotlib") is None:
-        return "not drawn: matplotlib is not installed"
-    from bench import report
-
-    prec = data.get("precision", [])
-    labels = [f"{r['mode']} {'CL' if r['channels_last'] else 'NCHW'}" for r in prec]
-    panels = [
-        (
-            "precision modes: images/s",
-            {
-                loop: [r[loop].get("images_per_sec") for r in prec]
-                for loop in ("lightning", "plain")
-            },
-        ),
-        (
-            "precision modes: peak memory (MB)",
-            {loop: [r[loop].get("peak_mb") for r in prec] for loop in ("lightning", "plain")},
-        ),
-    ]
-    report.grouped_bars(path, labels, panels)
-    return None
-
-
-def write_record(doc: Path, text: str) -> None:
-    """Replace the doc's record section (between the markers) with `text`; append the
-    section where the markers are missing."""
-    old = doc.read_text() if doc.is_file() else ""
-    block = f"{START}\n{text}{END}"
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END) :]
-    else:
-        new = old.rstrip("\n") + "\n\n## Record (`make bench-gpu`)\n\n" + block + "\n"
-    doc.write_text(new)
-
-
 # -- the command ------------------------------------------------------------------------------
 def run(args, out: Path) -> dict:
+    """Every section of `args.sections` (bench_gpu.{json,md} in `out` rewritten after each)."""
     import torch
 
     from bench import synthetic
 
     start = time.perf_counter()
-    deadline = start + args.budget
     cuda = torch.cuda.is_available() and not args.tiny
     device = "cuda" if cuda else "cpu"
     sizes = Sizes.gpu() if cuda else Sizes.tiny()
@@ -946,39 +698,30 @@ def run(args, out: Path) -> dict:
         "missing": missing()[1],
         "sizes": asdict(sizes),
         "images": images,
+        "budget": args.budget,
         "defaults": {},
     }
     from cifar_amp.precision import Precision
 
     for mode in ("32-true", "16-mixed", "bf16-mixed"):
         data["defaults"][mode] = Precision(mode).channels_last(device)
-    dms: dict = {}  # DataModules by layout, loaded once for the steps sections
-    sections = {
-        "precision": lambda: precision_section(sizes, data_dir, work, device, dms),
-        "checkpointing": lambda: checkpointing_section(sizes, data_dir, work, device, dms),
-        "auto": lambda: auto_section(sizes, data_dir, work, device, dms),
-        "framework": lambda: framework_section(sizes, data_dir, work, device),
-        "host": lambda: host_section(sizes, args.data_dir, work, device),
-        "speedrun": lambda: speedrun_section(sizes, data_dir, work, deadline),
-        "tests": lambda: tests_section(args.tests, deadline),
-    }
-    data["section_seconds"] = {}
-    threads = torch.get_num_threads()
-    if not cuda:  # tiny networks: a second thread's waits on a busy CPU cost more than it adds
-        torch.set_num_threads(1)
-    try:
-        for name, section in sections.items():
-            if name not in args.sections:
-                continue
-            if name == "framework":  # the steps sections' data is no longer needed
-                dms.clear()
-            _release()
-            began = time.perf_counter()
-            data[name] = section()
-            data["section_seconds"][name] = round(time.perf_counter() - began, 1)
-    finally:
-        torch.set_num_threads(threads)
-    data["seconds"] = time.perf_counter() - start
+
+    def save(data: dict) -> None:
+        data["seconds"] = time.perf_counter() - start
+        (out / "bench_gpu.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+        (out / "bench_gpu.md").write_text(table.markdown(data))
+
+    jobs = []
+    for name in (s for s in SECTIONS if s in args.sections):
+        ctx = Context(sizes, data_dir, args.data_dir, work, device, 0.0, args.tests, args.airbench)
+        if name == "tests" and args.tests == "none":  # nothing to run: no share of the budget
+            data["tests"] = tests_section(ctx, lambda _: None)
+            continue
+        jobs.append((name, SHARES[name], RUNS[name], ctx))
+    left = args.budget - RESERVE_S - (time.perf_counter() - start)
+    (out / "sections").mkdir(exist_ok=True)
+    budget.run_sections(jobs, left, data, save, out / "sections", "spawn" if cuda else "fork")
+    save(data)
     shutil.rmtree(work, ignore_errors=True)
     return data
 
@@ -999,7 +742,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--no-doc", action="store_true", help="write no doc")
     ap.add_argument("--tests", default="all", choices=["all", "gpu", "none"])
     ap.add_argument(
-        "--budget", type=float, default=600, help="seconds; the test suites get the rest"
+        "--budget", type=float, default=600, help="seconds for everything, every section included"
+    )
+    ap.add_argument(
+        "--airbench", help="airbench94.py (legacy/): run beside experiment=speedrun_gpu"
     )
     ap.add_argument(
         "--tiny", action="store_true", help="the dry run's sizes, on CPU, even with CUDA"
@@ -1029,20 +775,25 @@ def main(argv: list[str] | None = None) -> dict | None:
         )
     out = Path(args.out or REPO / "logs" / "bench_gpu" / time.strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
-    data = run(args, out)
+    # Told to stop (`timeout`, a job's end): unwind, so that the running section is killed too.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        data = run(args, out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     doc = None if args.no_doc else args.doc or (DOC if data["machine"]["gpu"] else None)
     picture = (doc.parent if doc else out) / (doc.stem + ".png" if doc else "bench_gpu.png")
-    data["chart_note"] = chart(data, picture)
+    data["chart_note"] = table.chart(data, picture)
     data["chart"] = None if data["chart_note"] else picture.name
-    text = markdown(data)
+    text = table.markdown(data)
     (out / "bench_gpu.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (out / "bench_gpu.md").write_text(text)
     if doc is not None:
-        write_record(doc, text)
+        table.write_record(doc, text)
     print()
     from bench import report
 
-    print(report.markdown(["target", "measured", "holds"], rows(data)))
+    print(report.markdown(["target", "measured", "holds"], table.rows(data)))
     where = f"{out}/bench_gpu.{{md,json}}" + (f" and the record section of {doc}" if doc else "")
     print(f"wrote {where}")
     return data

@@ -1,4 +1,5 @@
-"""Memory of a training step, by kind, without a device; and the largest batch that fits.
+"""Memory of a training step: measured on the device, step by step (:class:`StepWindow`); by
+kind, without a device; and the largest batch that fits.
 
 :func:`breakdown` traces two training steps of the network (its precision plugin's autocast or
 dtype, cross-entropy, the configured optimizer) with torch's own `MemTracker` on fake tensors:
@@ -26,6 +27,42 @@ MB = 2**20
 ACTIVATIONS = "Activation"  # kept for backward, recomputed ones included
 TEMPORARIES = "Temp"  # gradients of activations, in flight during backward
 BATCH = "Other"  # the input batch (registered as external)
+
+
+class StepWindow:
+    """The device memory of training steps, each in a window of its own: at a step's start
+    (device synchronised, so the previous step's memory is freed) it reads what is allocated
+    and resets the peak; at its end (synchronised) it reads the peak. Over the steps after
+    `warmup`, `peak_mb` is the highest peak of everything on the device (weights, optimizer
+    state, data kept on the device) and `step_peak_mb` what a step adds over what was allocated
+    at its start, as tests/test_resnet.py measures it: the step's own peak. `base_mb` is what was
+    allocated at the first timed step's start. The warm-up (cuDNN autotuning's workspaces, the
+    optimizer state's creation) is in `peak_warmup_mb` only. None of it off CUDA."""
+
+    def __init__(self, device: torch.device, warmup: int) -> None:
+        self.device, self.warmup, self.steps = torch.device(device), warmup, 0
+        self.peak_mb = self.step_peak_mb = self.base_mb = self.peak_warmup_mb = None
+        self._start = 0.0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._start = torch.cuda.memory_allocated(self.device) / MB
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def stop(self) -> None:
+        self.steps += 1
+        if self.device.type != "cuda":
+            return
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) / MB
+        if self.steps <= self.warmup:
+            self.peak_warmup_mb = max(self.peak_warmup_mb or 0.0, peak)
+            return
+        if self.base_mb is None:
+            self.base_mb = self._start
+        self.peak_mb = max(self.peak_mb or 0.0, peak)
+        self.step_peak_mb = max(self.step_peak_mb or 0.0, peak - self._start)
 
 
 def breakdown(cfg: DictConfig, batch_size: int) -> dict[str, float]:

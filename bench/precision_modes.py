@@ -140,31 +140,23 @@ def check(cfg: DictConfig) -> None:
 
 
 class StepMeter(Callback):
-    """Wall time of every training step (forward, backward, optimizer step, callbacks) and,
-    on CUDA, memory over the steps after `warmup`. Benchmark only: it synchronises the device
-    around each step, which timing one needs."""
+    """Wall time of every training step (forward, backward, optimizer step, callbacks) and, on
+    CUDA, its memory in a window of its own (bench/memory.py's StepWindow: the step's own peak,
+    not what the DataModule, the warm-up or Lightning's set-up left on the device). Benchmark
+    only: it synchronises the device around each step, which timing one needs."""
 
     def __init__(self, warmup: int) -> None:
-        self.warmup, self.seconds = warmup, []
-        self.base_mb = self.peak_mb = self.peak_warmup_mb = None
+        self.warmup, self.seconds, self.memory = warmup, [], None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-            if len(self.seconds) == self.warmup:  # the first timed step: steady state from here
-                self.peak_warmup_mb = torch.cuda.max_memory_allocated(pl_module.device) / MB
-                self.base_mb = torch.cuda.memory_allocated(pl_module.device) / MB
-                torch.cuda.reset_peak_memory_stats(pl_module.device)
+        if self.memory is None:
+            self.memory = memory.StepWindow(pl_module.device, self.warmup)
+        self.memory.start()
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
+        self.memory.stop()  # synchronises on CUDA
         self.seconds.append(time.perf_counter() - self._t0)
-        if pl_module.device.type == "cuda" and len(self.seconds) > self.warmup:
-            # A running max: PrecisionDiagnostics resets the peak at each epoch start.
-            peak = torch.cuda.max_memory_allocated(pl_module.device) / MB
-            self.peak_mb = max(self.peak_mb or 0.0, peak)
 
 
 def device_type(cfg: DictConfig) -> str:
@@ -233,9 +225,10 @@ def run_case(case: dict, warmup: int, datamodules: dict | None = None) -> dict:
         "step_ms": 1000 * statistics.median(timed),
         "timed_steps": len(timed),
         "images_per_sec": cfg.data.batch_size / statistics.median(timed),
-        "peak_memory_mb": meter.peak_mb if cuda else peak_rss_mb(),
-        "peak_warmup_mb": meter.peak_warmup_mb,
-        "base_memory_mb": meter.base_mb,
+        "peak_memory_mb": meter.memory.peak_mb if cuda else peak_rss_mb(),
+        "step_peak_mb": meter.memory.step_peak_mb,
+        "peak_warmup_mb": meter.memory.peak_warmup_mb,
+        "base_memory_mb": meter.memory.base_mb,
         "skipped_steps": None if skipped is None else int(skipped),
         "train_images": len(dm.splits["train"][1]) if hasattr(dm, "splits") else None,
     }
@@ -354,7 +347,7 @@ def search_rows(rows: list[dict], base: dict, cfg: DictConfig, setting, datamodu
         if row["checkpointing"] != setting or not row["diagnostics"] or "skipped" in row:
             continue
         name = precision_of(row["mode"])["name"]
-        if name not in found and row.get("base_memory_mb") is not None:
+        if name not in found and row.get("step_peak_mb") is not None:
             case = copy.deepcopy(base)
             case["precision"].update({"name": name})
             if setting != 0:
@@ -362,12 +355,17 @@ def search_rows(rows: list[dict], base: dict, cfg: DictConfig, setting, datamodu
             case["run_dir"] = str(Path(cfg.run_dir) / f"{name}_batch_search")
             case["callbacks"] = {}
             case = OmegaConf.to_container(OmegaConf.create(case), resolve=True)
-            per_image = (row["peak_memory_mb"] - row["base_memory_mb"]) / cfg.data.batch_size
+            per_image = row["step_peak_mb"] / cfg.data.batch_size
             log.info("Largest batch of %s", name)
             args = (case, per_image, row["train_images"] or 2**20, cfg.batch_size_trials)
             shared = () if datamodules is None else (datamodules,)
             found[name] = _run(largest_batch, *args, *shared, isolate=datamodules is None)
         row.update(found.get(name, {}))
+
+
+def _mem(row: dict):
+    """The step's own peak on CUDA, the process's peak RSS elsewhere."""
+    return row.get("step_peak_mb") or row.get("peak_memory_mb")
 
 
 def _ratio(a, b):
@@ -394,6 +392,7 @@ def write_report(
         "speed vs 32-true",
         f"speed vs {STRICT_FP32}",
         "peak mem (MB)",
+        "step's own peak (MB)",
         "peak with warm-up (MB)",
         "mem vs 32-true",
         "step vs no ckpt",
@@ -421,10 +420,11 @@ def write_report(
                 _ratio(r.get("images_per_sec"), ref.get("images_per_sec")),
                 _ratio(r.get("images_per_sec"), strict.get("images_per_sec")),
                 r.get("peak_memory_mb"),
+                r.get("step_peak_mb"),
                 r.get("peak_warmup_mb"),
-                _ratio(r.get("peak_memory_mb"), ref.get("peak_memory_mb")),
+                _ratio(_mem(r), _mem(ref)),
                 _ratio(r.get("step_ms"), off.get("step_ms")),
-                _ratio(r.get("peak_memory_mb"), off.get("peak_memory_mb")),
+                _ratio(_mem(r), _mem(off)),
                 r.get("state_mb"),
                 r.get("activations_mb"),
                 _ratio(r.get("activations_mb"), off.get("activations_mb")),
@@ -433,8 +433,10 @@ def write_report(
             ]
         )
     mem = (
-        "torch.cuda.max_memory_allocated over the timed steps (`with warm-up`: over the "
-        "warm-up steps, whose cuDNN autotuning tries algorithms with large workspaces)"
+        "torch.cuda.max_memory_allocated over the timed steps, each step in a window of its "
+        "own (`step's own peak`: what a step adds over what was allocated at its start, which "
+        "the `mem vs` ratios compare; `with warm-up`: over the warm-up steps, whose cuDNN "
+        "autotuning tries algorithms with large workspaces)"
         if device == "cuda"
         else "peak RSS of the case's process"
     )

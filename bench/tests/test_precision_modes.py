@@ -162,6 +162,7 @@ def test_bench_on_cuda_shares_one_process_and_finds_the_largest_batch(tiny_data,
     rows = bench.run(cfg)  # isolate=null: one process on CUDA
     for r in rows:
         assert r["peak_memory_mb"] > r["base_memory_mb"] > 0 and r["peak_warmup_mb"] > 0
+        assert 0 < r["step_peak_mb"] < r["peak_memory_mb"]
         assert r["activations_mb"] > 0
     found = [r for r in rows if r["checkpointing"] == 0]
     # 180 tiny training images: the small net fits them all in one batch.

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One lent GPU session, as issue 27 asks (docs/benchmarks-gpu.md, "A GPU session"): the GPU tests,
+# each file in its own process with tracebacks, then `make bench-gpu`, every log under $OUT.
+#   bash bench/gpu_session.sh [tests|bench|all]     (from the repository root; default all)
+# The GPU machine has torch, torchvision, lightning and torchmetrics but no Hydra and no network:
+# Hydra's three wheels travel in WHEELS (default .whl/, git-ignored) and go into .bench-site/;
+# the data in DATA (default data/cifar10-subset, git-ignored). Settings, all optional:
+# OUT (logs/gpu_session), TEST_TIMEOUT (s per test file, 150), BUDGET (bench-gpu's, 540),
+# AIRBENCH (a copy of airbench94.py, run beside experiment=speedrun_gpu).
+set -u
+OUT=${OUT:-logs/gpu_session} WHEELS=${WHEELS:-.whl} DATA=${DATA:-data/cifar10-subset}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+$PY -m pip install -q --upgrade --no-index --no-deps --target .bench-site "$WHEELS"/*.whl || exit 2
+export PYTHONPATH=src:.:.bench-site${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+
+if [ "${1:-all}" != bench ]; then
+  # One process per file: a hang or a crash in one cannot hide the others' results.
+  for f in $(grep -l "mark.gpu" tests/*.py bench/tests/*.py); do
+    log="$OUT/pytest_$(basename "$f" .py).log"
+    start=$SECONDS
+    timeout -k 10 "${TEST_TIMEOUT:-150}" $PY -m pytest -m gpu -rfE --tb=short -q \
+      -p no:cacheprovider "$f" >"$log" 2>&1
+    echo "$f: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$log")" | tee -a "$OUT/pytest_gpu.txt"
+  done
+fi
+
+if [ "${1:-all}" != tests ]; then
+  # bench.gpu writes bench_gpu.{json,md} after each section; `timeout` is only a backstop.
+  BUDGET=${BUDGET:-540}
+  timeout -k 10 $((BUDGET + 60)) $PY -m bench.gpu --data-dir "$DATA" --budget "$BUDGET" \
+    --tests none --out "$OUT/bench" --doc "$OUT/benchmarks-gpu.md" \
+    ${AIRBENCH:+--airbench "$AIRBENCH"} 2>&1 | tee "$OUT/bench_gpu.log"
+fi
