@@ -52,7 +52,6 @@ import platform
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -268,13 +267,6 @@ def compose(overrides: list[str]):
         return hydra_compose("train", overrides=overrides)
 
 
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def datamodule(cfg, layout: bool, trainer, datamodules: dict):
     """The DataModule of this layout, loaded onto the Trainer's device once for all cases."""
     from cifar_amp import build
@@ -298,12 +290,12 @@ def _release() -> None:
         torch.cuda.empty_cache()
 
 
-def _measured(seconds: list[float], window, batch: int, device) -> dict:
-    """Median step after the warm-up, and the memory of `window` (bench/memory.py's StepWindow);
+def _measured(window, batch: int, device) -> dict:
+    """The timed steps' mean time and memory, from `window` (bench/memory.py's StepWindow);
     off CUDA, the process's peak RSS instead."""
     from cifar_amp.diagnostics import peak_rss_mb
 
-    step = statistics.median(seconds[window.warmup :])
+    step = window.step_seconds
     cuda = device.type == "cuda"
     return {
         "step_ms": 1e3 * step,
@@ -315,7 +307,7 @@ def _measured(seconds: list[float], window, batch: int, device) -> dict:
 
 
 def lightning_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
-    """The template's steps: median step time and the steps' memory."""
+    """The template's steps: their time (one window) and memory."""
     import lightning as L
     import torch
 
@@ -337,7 +329,7 @@ def lightning_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
             dm.trainer = None  # a reused DataModule must not keep this case's model alive
     # Not module.device: Lightning's teardown has moved the module back to the CPU.
     device = trainer.strategy.root_device
-    measured = _measured(meter.seconds, meter.memory, cfg.data.batch_size, device)
+    measured = _measured(meter.memory, cfg.data.batch_size, device)
     return measured | {"channels_last": bool(module.hparams.channels_last)}
 
 
@@ -369,9 +361,10 @@ def plain_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
     scheduler = module.hparams.scheduler and instantiate(
         module.hparams.scheduler, optimizer=optimizer, total_steps=steps
     )
-    step = Step(net, optimizer, scheduler, prec.name, module.hparams.label_smoothing)
-    loader, batches, seconds = dm.train_dataloader(), iter(()), []
-    window = StepWindow(device, sizes.warmup)
+    clip = cfg.trainer.get("gradient_clip_val")  # the default trainer clips, as Lightning does
+    step = Step(net, optimizer, scheduler, prec.name, module.hparams.label_smoothing, clip=clip)
+    loader, batches = dm.train_dataloader(), iter(())
+    window = StepWindow(device, sizes.warmup, sizes.timed)
     net.train()
     try:
         for _ in range(steps):
@@ -379,15 +372,12 @@ def plain_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
             if batch is None:
                 batches = iter(loader)
                 batch = next(batches)
-            window.start()  # synchronises on CUDA
-            start = time.perf_counter()
+            window.start()
             step(*batch)
-            _sync(device)
-            seconds.append(time.perf_counter() - start)
             window.stop()
     except torch.OutOfMemoryError:
         return {"skipped": "out of memory"}
-    return _measured(seconds, window, cfg.data.batch_size, device)
+    return _measured(window, cfg.data.batch_size, device)
 
 
 # -- the sections: each `fn(ctx, keep)`, in a process of its own ------------------------------

@@ -306,8 +306,9 @@ def details(data: dict) -> str:
     prec = data.get("precision", [])
     if prec:
         text.append(
-            "Precision modes (median step after warm-up). Memory, each timed step in a window of "
-            "its own (device synchronised; the batch already fetched): `step` is the step's own "
+            "Precision modes (the steps after warm-up timed as one window, the device synchronised "
+            "at its ends only). Memory, each timed step in a window of its own (the batch already "
+            "fetched): `step` is the step's own "
             "peak, what it adds over what was allocated at its start; `base` that start (the "
             "data kept on the device, weights, gradients, optimizer state); `all` the highest "
             "peak of everything allocated. MB; on CPU `all` is the process's peak RSS:\n\n"

@@ -13,6 +13,7 @@ scalars) is in the measured peak only.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import lightning as L
@@ -30,31 +31,48 @@ BATCH = "Other"  # the input batch (registered as external)
 
 
 class StepWindow:
-    """The device memory of training steps, each in a window of its own: at a step's start
-    (device synchronised, so the previous step's memory is freed) it reads what is allocated
-    and resets the peak; at its end (synchronised) it reads the peak. Over the steps after
-    `warmup`, `peak_mb` is the highest peak of everything on the device (weights, optimizer
-    state, data kept on the device) and `step_peak_mb` what a step adds over what was allocated
-    at its start, as tests/test_resnet.py measures it: the step's own peak. `base_mb` is what was
-    allocated at the first timed step's start. The warm-up (cuDNN autotuning's workspaces, the
-    optimizer state's creation) is in `peak_warmup_mb` only. None of it off CUDA."""
+    """The timed steps' throughput and each step's device memory. Time: one window over the
+    steps after `warmup`, the device synchronised only at its two ends, so the host queues the
+    next step while the device runs this one, as in training (a sync around every step would
+    leave the device idle through every step's host work, Lightning's hooks most of all: the
+    template then pays for them where a real run does not). Memory: the caching allocator counts
+    in the host's order of calls, so no sync is needed: at a step's start it reads what is
+    allocated and resets the peak, at its end it reads the peak. Over the timed steps `peak_mb`
+    is the highest peak of everything on the device (weights, optimizer state, data kept on the
+    device) and `step_peak_mb` what a step adds over what was allocated at its start, as
+    tests/test_resnet.py measures it: the step's own peak. `base_mb` is what was allocated at the
+    first timed step's start. The warm-up (cuDNN autotuning's workspaces, the optimizer state's
+    creation) is in `peak_warmup_mb` only. No memory off CUDA."""
 
-    def __init__(self, device: torch.device, warmup: int) -> None:
-        self.device, self.warmup, self.steps = torch.device(device), warmup, 0
+    def __init__(self, device: torch.device, warmup: int, timed: int) -> None:
+        self.device, self.warmup, self.timed, self.steps = torch.device(device), warmup, timed, 0
         self.peak_mb = self.step_peak_mb = self.base_mb = self.peak_warmup_mb = None
-        self._start = 0.0
+        self.seconds: float | None = None  # the timed steps' window
+        self._start = self._t0 = 0.0
 
-    def start(self) -> None:
+    @property
+    def step_seconds(self) -> float | None:
+        return None if self.seconds is None else self.seconds / self.timed
+
+    def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def start(self) -> None:
+        if self.steps == self.warmup:
+            self._sync()
+            self._t0 = time.perf_counter()
+        if self.device.type == "cuda":
             self._start = torch.cuda.memory_allocated(self.device) / MB
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def stop(self) -> None:
         self.steps += 1
+        if self.steps == self.warmup + self.timed:
+            self._sync()
+            self.seconds = time.perf_counter() - self._t0
         if self.device.type != "cuda":
             return
-        torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) / MB
         if self.steps <= self.warmup:
             self.peak_warmup_mb = max(self.peak_warmup_mb or 0.0, peak)

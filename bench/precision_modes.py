@@ -2,7 +2,7 @@
 activation checkpointing, built as `train.py` builds a run (`cifar_amp.build`).
 
 Per case only what the table needs: `warmup_steps` training steps, then `timed_steps` steps
-timed one by one (median step time, images/s), peak memory over the timed steps and GradScaler
+timed as one window (mean step time, images/s), peak memory over the timed steps and GradScaler
 skipped steps; the memory of a step by kind (weights + gradients + optimizer state, and
 activations), traced on fake tensors (bench/memory.py); on GPU also the largest batch that
 trains, per mode. No validation, test or checkpoint: a few dozen steps say nothing about
@@ -17,8 +17,6 @@ import gc
 import json
 import logging
 import multiprocessing
-import statistics
-import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
@@ -63,7 +61,7 @@ class BenchConfig(TrainConfig):
     # block; 0 = off), a list = model.checkpoint_stages (every block of those stages).
     checkpointing: list = field(default_factory=lambda: [0, 1, [0, 1]])
     warmup_steps: int = 5  # untimed training steps first (allocator, cudnn autotuning)
-    timed_steps: int = 20  # then this many steps, each timed with a device sync
+    timed_steps: int = 20  # then this many steps, timed as one window (synced at its ends)
     # Modes also run (checkpointing off) without PrecisionDiagnostics, to show what it costs.
     overhead_modes: list = field(default_factory=lambda: [REFERENCE, "16-mixed"])
     # Each case in a fresh process. null: only on CPU, where a process's peak RSS cannot be
@@ -140,23 +138,22 @@ def check(cfg: DictConfig) -> None:
 
 
 class StepMeter(Callback):
-    """Wall time of every training step (forward, backward, optimizer step, callbacks) and, on
-    CUDA, its memory in a window of its own (bench/memory.py's StepWindow: the step's own peak,
-    not what the DataModule, the warm-up or Lightning's set-up left on the device). Benchmark
-    only: it synchronises the device around each step, which timing one needs."""
+    """The training steps (forward, backward, optimizer step, callbacks, the loop between
+    steps) after `warmup`, timed as one window, and each step's memory (bench/memory.py's
+    StepWindow: the step's own peak, not what the DataModule, the warm-up or Lightning's set-up
+    left on the device). The timed steps are the rest of `trainer.max_steps`."""
 
     def __init__(self, warmup: int) -> None:
-        self.warmup, self.seconds, self.memory = warmup, [], None
+        self.warmup, self.memory = warmup, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.memory is None:
-            self.memory = memory.StepWindow(pl_module.device, self.warmup)
+            timed = trainer.max_steps - self.warmup
+            self.memory = memory.StepWindow(trainer.strategy.root_device, self.warmup, timed)
         self.memory.start()
-        self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.memory.stop()  # synchronises on CUDA
-        self.seconds.append(time.perf_counter() - self._t0)
+        self.memory.stop()
 
 
 def device_type(cfg: DictConfig) -> str:
@@ -219,12 +216,12 @@ def run_case(case: dict, warmup: int, datamodules: dict | None = None) -> dict:
         return {"skipped": "out of memory"}
     finally:
         dm.trainer = None  # a reused DataModule must not keep this case's model alive
-    timed = meter.seconds[warmup:]
+    step = meter.memory.step_seconds
     skipped = trainer.callback_metrics.get(SKIPPED_STEPS)
     return {
-        "step_ms": 1000 * statistics.median(timed),
-        "timed_steps": len(timed),
-        "images_per_sec": cfg.data.batch_size / statistics.median(timed),
+        "step_ms": 1000 * step,
+        "timed_steps": meter.memory.timed,
+        "images_per_sec": cfg.data.batch_size / step,
         "peak_memory_mb": meter.memory.peak_mb if cuda else peak_rss_mb(),
         "step_peak_mb": meter.memory.step_peak_mb,
         "peak_warmup_mb": meter.memory.peak_warmup_mb,
@@ -387,7 +384,7 @@ def write_report(
     cols = [
         "mode",
         "act. ckpt",
-        "median step (ms)",
+        "mean step (ms)",
         "images/s",
         "speed vs 32-true",
         f"speed vs {STRICT_FP32}",
@@ -442,7 +439,7 @@ def write_report(
     )
     timing = (
         f"Median time of {bench.timed_steps} training steps after {bench.warmup_steps} "
-        f"warm-up steps; images/s = batch / median step; peak memory = {mem}. "
+        f"warm-up steps; images/s = batch / mean step of the timed window; peak memory = {mem}. "
         if bench.timing
         else "Timing not run (timing=false). "
     )

@@ -22,8 +22,8 @@ AUTOCAST = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 class Step:
     """One training step, as Lightning's automatic optimisation runs it: zero_grad(set_to_none)
-    -> forward under autocast -> loss -> backward (scaled under 16-mixed) -> optimizer step
-    -> scheduler step. Returns the loss and the logits."""
+    -> forward under autocast -> loss -> backward (scaled under 16-mixed) -> clipping of the
+    unscaled gradients (if `clip`) -> optimizer step -> scheduler step. Returns the loss and the logits."""
 
     def __init__(
         self,
@@ -33,6 +33,7 @@ class Step:
         precision: str = "32-true",
         label_smoothing: float = 0.0,
         scaler: torch.amp.GradScaler | None = None,  # 16-mixed only; None = a default GradScaler
+        clip: float | None = None,  # the gradients' global L2 norm, unscaled, as Lightning clips
     ) -> None:
         if precision not in ("32-true", *AUTOCAST):
             raise ValueError(
@@ -43,7 +44,7 @@ class Step:
         self.dtype, self.label_smoothing = AUTOCAST.get(precision), label_smoothing
         if precision == "16-mixed" and scaler is None:
             scaler = torch.amp.GradScaler(self.device.type)
-        self.scaler = scaler
+        self.scaler, self.clip = scaler, clip
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.optimizer.zero_grad(set_to_none=True)
@@ -54,10 +55,15 @@ class Step:
             loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
+            if self.clip:
+                self.scaler.unscale_(self.optimizer)
+                nn.utils.clip_grad_norm_(self.net.parameters(), self.clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             loss.backward()
+            if self.clip:
+                nn.utils.clip_grad_norm_(self.net.parameters(), self.clip)
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
