@@ -8,9 +8,9 @@ import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from cifar_amp import build, metrics
+from cifar_amp import build, metrics, seams
 from cifar_amp.evaluation import evaluate
-from cifar_amp.training import train
+from cifar_amp.training import build_run, train
 from conftest import deterministic, options
 
 
@@ -265,3 +265,33 @@ def test_compiled_network_trains_and_saves_plain_keys(make_cfg, tmp_path):
     keys = weights(tmp_path / "checkpoints" / "last.ckpt").keys()
     assert not any("_orig_mod" in k for k in keys)  # loads into an uncompiled network too
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0
+
+
+def test_the_trainer_is_built_with_the_16_mixed_plugin_and_keeps_it(make_cfg):
+    # Given at construction, so Lightning checks it against the strategy itself; nothing swaps
+    # it afterwards (the connector's choice is the strategy's), and the configured plugins stay.
+    cfg = make_cfg("precision=16-mixed", "precision.scaler.init_scale=512")
+    trainer = build.trainer(cfg, build.precision(cfg))
+    plugin = trainer.strategy.precision_plugin
+    assert plugin is trainer._accelerator_connector.precision_plugin
+    assert type(plugin) is MixedPrecision and plugin.scaler.get_scale() == 512
+    for node in cfg.trainer.get("plugins") or []:  # the reliability extra's checkpoint IO
+        assert type(trainer.strategy.checkpoint_io).__name__ == node._target_.rsplit(".", 1)[1]
+
+
+def test_a_hook_is_called_only_on_a_class_that_declares_its_seam(make_cfg, monkeypatch):
+    # A method that merely has a hook's name is not a hook: a grep for the seam finds them all.
+    called = []
+
+    class Declared(L.Callback, seams.BeforeRun):
+        def before_run(self, trainer, module):
+            called.append("declared")
+
+    class Undeclared(L.Callback):
+        def before_run(self, trainer, module):
+            called.append("undeclared")
+
+    monkeypatch.setattr(build, "callbacks", lambda cfg: [Declared(), Undeclared()])
+    build_run(make_cfg("trainer.fast_dev_run=true"))
+    assert called == ["declared"]
+
