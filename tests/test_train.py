@@ -6,9 +6,11 @@ import logging
 import lightning as L
 import pytest
 import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.plugins.precision import MixedPrecision
+from omegaconf import OmegaConf
 
-from cifar_amp import build, metrics, seams
+from cifar_amp import build, cli, metrics, seams
 from cifar_amp.evaluation import evaluate
 from cifar_amp.training import build_run, train
 from conftest import deterministic, options
@@ -295,3 +297,15 @@ def test_a_hook_is_called_only_on_a_class_that_declares_its_seam(make_cfg, monke
     build_run(make_cfg("trainer.fast_dev_run=true"))
     assert called == ["declared"]
 
+
+def test_a_job_runner_must_declare_its_seam(capsys):
+    node = {"_target_": "lightning.Callback"}  # has no run_job: not a seams.JobRunner
+    hc = OmegaConf.create({"callbacks": {cli.JOB_RUNNER: node}})
+    HydraConfig.instance().cfg = OmegaConf.create({"hydra": hc})
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.job(lambda cfg: 1.0)(OmegaConf.create({}))
+    finally:
+        HydraConfig.instance().cfg = None
+    assert e.value.code == 2
+    assert "hydra.callbacks.job_runner: lightning.Callback is not a seams.JobRunner" in capsys.readouterr().err
