@@ -2,6 +2,7 @@
 clipping sees unscaled gradients, resume is exact, eval reproduces the test accuracy."""
 
 import logging
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -309,3 +310,22 @@ def test_a_job_runner_must_declare_its_seam(capsys):
         HydraConfig.instance().cfg = None
     assert e.value.code == 2
     assert "hydra.callbacks.job_runner: lightning.Callback is not a seams.JobRunner" in capsys.readouterr().err
+
+
+def test_a_declared_copy_of_the_state_is_saved_with_the_epochs_metrics_reset(make_cfg):
+    # The EMA extra keeps the trained weights beside the average (seams.ModelStateCopy).
+    class Copy(L.Callback, seams.ModelStateCopy):
+        model_state_key = "copy"
+
+    class Undeclared(L.Callback):
+        model_state_key = "other"
+
+    module = build.module(make_cfg(), 10)
+    module.train_loss.update(torch.ones(4))
+    progress = SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=True))
+    loop = SimpleNamespace(epoch_loop=progress)
+    module.trainer = SimpleNamespace(fit_loop=loop, callbacks=[Copy(), Undeclared()])
+    checkpoint = {key: module.state_dict() for key in ("state_dict", "copy", "other")}
+    module.on_save_checkpoint(checkpoint)
+    saved = {key: float(state["train_loss.weight"]) for key, state in checkpoint.items()}
+    assert saved == {"state_dict": 0.0, "copy": 0.0, "other": 4.0}
