@@ -87,8 +87,8 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
     accelerator = overrides.get("accelerator", t.get("accelerator"))
     args = prec.trainer_args(accelerator, overrides.get("strategy", t.strategy))
     if "plugins" in args:  # beside the configured ones (the reliability extra's checkpoint IO)
-        made = build(t.plugins, "trainer.plugins") if t.get("plugins") else []
-        args["plugins"][:0] = made if isinstance(made, list) else [made]
+        configured = build(t.plugins, "trainer.plugins") if t.get("plugins") else []
+        args["plugins"][:0] = configured if isinstance(configured, list) else [configured]
     overrides |= args | {"logger": list(loggers) or False}
     made = build(t, "trainer", callbacks=list(callbacks), default_root_dir=cfg.run_dir, **overrides)
     prec.setup(made)

@@ -41,9 +41,8 @@ class Precision:
                 raise InvalidArgument(f"scaler.{key}", s[key], rule)
 
     def trainer_args(self, accelerator, strategy) -> dict:
-        """The Trainer's `precision` (Lightning makes that mode's plugin for the strategy), or
-        under 16-mixed its `plugins` entry: ours, or the one a sharding strategy makes, with
-        `scaler` (Lightning's own would drop it, and take bfloat16 on CPU)."""
+        """The Trainer's `precision` (Lightning makes the plugin), or under 16-mixed the plugin
+        with `scaler`, ours or the strategy's (Lightning's would drop it, and on CPU bf16 it)."""
         if self.name != "16-mixed":
             return {"precision": self.name}
         device = device_type(accelerator)
@@ -69,7 +68,7 @@ class Precision:
     def setup(self, trainer) -> None:
         """For the device the Trainer chose: TF32, the layout, a log line."""
         # Lightning refuses our plugin under its FSDP (FSDPStrategy.precision_plugin's setter),
-        # but not under its DeepSpeed, whose engine would then bypass it.
+        # not under its DeepSpeed, whose engine would bypass it.
         deepspeed = isinstance(trainer.strategy, DeepSpeedStrategy)
         if deepspeed and type(trainer.precision_plugin) is MixedPrecision:
             raise UserError(
@@ -96,24 +95,19 @@ class Precision:
 
     def plugin(self, device: str) -> MixedPrecision:
         """16-mixed's plugin: float16 autocast on a `device` type, and a GradScaler of `scaler`.
-        What a training step does with them is Lightning's MixedPrecision
-        (lightning/pytorch/plugins/precision/amp.py), in this order:
-          pre_backward     loss = scaler.scale(loss), then backward: scaled float16 gradients
-          optimizer_step   after the closure (forward + backward), scaler.unscale_(optimizer),
-                           unless the optimizer unscales inside its step (`fused`); then
-                           _after_closure (plugins/precision/precision.py): the
-                           on_before_optimizer_step hooks, then clip_gradients on the unscaled
-                           gradients (trainer.gradient_clip_val; refused for a fused optimizer,
-                           as build.trainer does first); scaler.step(optimizer), which skips
-                           the step if any gradient is inf/NaN; scaler.update()."""
+        A step under it, in the order of Lightning's MixedPrecision (lightning/pytorch/plugins/
+        precision/amp.py: pre_backward, optimizer_step): backward of scaler.scale(loss);
+        scaler.unscale_(optimizer), unless the optimizer unscales in its step (`fused`); then
+        (precision.py: _after_closure) on_before_optimizer_step hooks and clip_gradients on the
+        unscaled gradients (trainer.gradient_clip_val; with `fused`, build.trainer refuses it);
+        scaler.step(optimizer), skipped if a gradient is inf/NaN; scaler.update()."""
         return MixedPrecision("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
 
 
-def device_type(accelerator) -> str:
+def device_type(name) -> str:
     """The device type of autocast for `trainer.accelerator`, before the Trainer exists, as
     Lightning picks it for precision="16-mixed": its accelerator choice (`auto`, `gpu`), then
     cpu or mps as named, any other `cuda` (accelerator_connector.py, _check_and_init_precision)."""
-    name = accelerator
     # Private: the connector's own choices for `auto` and `gpu`, by what is available here.
     if name in (None, "auto"):
         name = _AcceleratorConnector._choose_auto_accelerator()
