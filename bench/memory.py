@@ -99,7 +99,7 @@ def breakdown(cfg: DictConfig, batch_size: int) -> dict[str, float]:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        precision=prec.trainer_precision,
+        **prec.trainer_args("cpu", "auto"),
     )
     prec.setup(trainer)
     plugin = trainer.precision_plugin

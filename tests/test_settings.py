@@ -178,18 +178,19 @@ def test_a_checkpoint_of_the_previous_layout_still_resumes(make_cfg, tmp_path):
     assert last["global_step"] == 2 * torch.load(ckpt, weights_only=False)["global_step"]
 
 
-def test_the_device_comes_from_the_trainer_so_mps_stays_mps():
-    """The precision is set up for the Trainer's own device: an Apple GPU gets a float16
-    autocast plugin for `mps`, not for `cpu` (and no TF32 switch, no channels_last)."""
+def test_the_device_comes_from_the_accelerator_so_mps_stays_mps(monkeypatch):
+    """The Trainer is built with a float16 autocast plugin for the device its accelerator
+    names, by Lightning's own choice for auto and gpu: an Apple GPU gets `mps`, not `cpu` (and
+    no TF32 switch, no channels_last)."""
     from types import SimpleNamespace
 
-    from lightning.pytorch.plugins.precision import Precision as Plain
+    from lightning.fabric.accelerators.mps import MPSAccelerator
 
-    class Trainer(SimpleNamespace):  # what Precision.setup reads of a Trainer on an Apple GPU
-        precision = "32-true"
-        precision_plugin = property(lambda self: self.strategy.precision_plugin)
-
-    strategy = SimpleNamespace(root_device=torch.device("mps"), precision_plugin=Plain())
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: True))
     prec = Precision("16-mixed")
-    prec.setup(Trainer(strategy=strategy))
-    assert strategy.precision_plugin.device == "mps" and prec.layout is False
+    for accelerator in ("mps", "gpu", "auto"):
+        [plugin] = prec.trainer_args(accelerator, "auto")["plugins"]
+        assert plugin.device == "mps", accelerator
+    mps = SimpleNamespace(root_device=torch.device("mps"))
+    prec.setup(SimpleNamespace(strategy=mps, precision_plugin=plugin))
+    assert prec.layout is False

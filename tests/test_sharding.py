@@ -1,12 +1,11 @@
 """The sharding extra: FSDP and DeepSpeed keep the precision choice with its settings. Under
-`precision=16-mixed` FSDP gets its own plugin with a sharded GradScaler of `precision.scaler`,
-DeepSpeed its own loss scaler from it; trainer=fsdp builds a sharding strategy. Lightning refuses
-FSDP without a GPU, so the plugins are checked on the strategy objects here and trained on a GPU
-below (`pytest -m gpu`)."""
+`precision=16-mixed` FSDP makes its own plugin with a sharded GradScaler of `precision.scaler`,
+DeepSpeed its own loss scaler from it, and the Trainer is built with that plugin; trainer=fsdp
+builds a sharding strategy. Lightning refuses FSDP without a GPU, so the plugins are checked on
+the strategy objects here and trained on a GPU below (`pytest -m gpu`)."""
 
 import logging
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -33,43 +32,27 @@ def scaler_settings(sc) -> dict:
     }
 
 
-def core_plugin(**scaler):
-    """The plugin the core's Precision.setup gives the strategy under 16-mixed."""
-    return Precision("16-mixed", scaler=scaler).plugin("cpu")
-
-
-def test_fsdp_takes_16_mixed_as_its_plugin_with_the_scaler_settings():
-    strategy = FSDPStrategy()
-    strategy.precision_plugin = core_plugin(**SCALER)
-    made = strategy.precision_plugin
+def test_fsdp_makes_its_16_mixed_plugin_with_the_scaler_settings():
+    made = FSDPStrategy().float16_plugin(SCALER, "cpu")
     assert type(made) is FSDPPrecision and made.precision == "16-mixed"
     assert type(made.scaler) is ShardedGradScaler and made.scaler.is_enabled()
     assert scaler_settings(made.scaler) == SCALER
 
 
 def test_a_disabled_scaler_stays_disabled_under_fsdp():
-    strategy = FSDPStrategy()
-    strategy.precision_plugin = core_plugin(enabled=False)
-    assert not strategy.precision_plugin.scaler.is_enabled()
-
-
-def test_fsdp_keeps_lightnings_plugins_of_the_other_modes():
-    strategy, bf16 = FSDPStrategy(), FSDPPrecision("bf16-mixed")
-    strategy.precision_plugin = bf16
-    assert strategy.precision_plugin is bf16
+    assert not FSDPStrategy().float16_plugin({"enabled": False}, "cpu").scaler.is_enabled()
 
 
 def test_deepspeed_scales_the_loss_itself_with_the_scaler_settings():
     strategy = object.__new__(DeepSpeedStrategy)  # its constructor needs deepspeed installed
-    strategy.precision_plugin = core_plugin(growth_interval=7)
-    assert type(strategy.precision_plugin) is DeepSpeedPrecision
-    assert strategy.precision_plugin.precision == "16-mixed"
+    plugin = strategy.float16_plugin({"growth_interval": 7}, "cuda")
+    assert type(plugin) is DeepSpeedPrecision and plugin.precision == "16-mixed"
     assert (strategy.loss_scale, strategy.initial_scale_power, strategy.loss_scale_window) == (
         0.0,  # dynamic
         16,  # torch's init_scale 65536
         7,
     )
-    assert deepspeed_loss_scaler(core_plugin(enabled=False).scaler) == {"loss_scale": 1.0}
+    assert deepspeed_loss_scaler({"enabled": False}) == {"loss_scale": 1.0}
 
 
 @pytest.mark.parametrize(
@@ -83,15 +66,20 @@ def test_deepspeed_scales_the_loss_itself_with_the_scaler_settings():
 def test_scaler_settings_deepspeed_cannot_follow_are_refused(setting, message):
     strategy = object.__new__(DeepSpeedStrategy)
     with pytest.raises(UserError, match=message):
-        strategy.precision_plugin = core_plugin(**setting)
+        strategy.float16_plugin(setting, "cuda")
 
 
-def test_the_core_accepts_the_extras_strategies_under_16_mixed():
-    # Lightning's own are refused (tests/test_bad_input.py); these make their plugin from it.
-    strategy = FSDPStrategy(parallel_devices=[torch.device("cpu")])
-    trainer = SimpleNamespace(strategy=strategy)
-    Precision("16-mixed", scaler=SCALER).setup(trainer)
-    assert type(strategy.precision_plugin) is FSDPPrecision
+@pytest.mark.parametrize("mode", ["16-mixed", "bf16-mixed", "32-true"])
+def test_the_trainer_is_built_with_the_plugin_the_extras_strategy_makes(mode):
+    # FSDP asks for a GPU when the Trainer is built: here the arguments it would be built with.
+    strategy = FSDPStrategy()
+    args = Precision(mode, scaler=SCALER).trainer_args("cpu", strategy)
+    if mode != "16-mixed":  # Lightning makes FSDPPrecision(mode) from the name
+        assert args == {"precision": mode}
+        return
+    [plugin] = args["plugins"]
+    assert type(plugin) is FSDPPrecision and scaler_settings(plugin.scaler) == SCALER
+    strategy.precision_plugin = plugin  # as the Trainer's connector sets it: FSDP accepts it
 
 
 def test_trainer_fsdp_shards_each_block_of_a_million_parameters():

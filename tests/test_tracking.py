@@ -16,6 +16,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from cifar_amp import build, metrics, tracking
@@ -115,7 +116,8 @@ def test_mlflow_default_store_is_sqlite_in_logs_and_a_set_uri_wins(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = compose_cfg("train", ["logger=mlflow"])
-    assert cfg.logger.mlflow.tracking_uri == f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}"
+    logger = instantiate(cfg.logger.mlflow, tags=None)
+    assert logger._tracking_uri == f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     cfg = compose_cfg("train", ["logger=mlflow"])
     assert cfg.logger.mlflow.tracking_uri == "http://tracking.example:5000"

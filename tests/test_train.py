@@ -2,15 +2,18 @@
 clipping sees unscaled gradients, resume is exact, eval reproduces the test accuracy."""
 
 import logging
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.plugins.precision import MixedPrecision
+from omegaconf import OmegaConf
 
-from cifar_amp import build, metrics
+from cifar_amp import build, cli, metrics, seams
 from cifar_amp.evaluation import evaluate
-from cifar_amp.training import train
+from cifar_amp.training import build_run, train
 from conftest import deterministic, options
 
 
@@ -278,3 +281,64 @@ def test_compiled_network_trains_and_saves_plain_keys(make_cfg, tmp_path):
     keys = weights(tmp_path / "checkpoints" / "last.ckpt").keys()
     assert not any("_orig_mod" in k for k in keys)  # loads into an uncompiled network too
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0
+
+
+def test_the_trainer_is_built_with_the_16_mixed_plugin_and_keeps_it(make_cfg):
+    # Given at construction, so Lightning checks it against the strategy itself; nothing swaps
+    # it afterwards (the connector's choice is the strategy's), and the configured plugins stay.
+    cfg = make_cfg("precision=16-mixed", "precision.scaler.init_scale=512")
+    trainer = build.trainer(cfg, build.precision(cfg))
+    plugin = trainer.strategy.precision_plugin
+    assert plugin is trainer._accelerator_connector.precision_plugin
+    assert type(plugin) is MixedPrecision and plugin.scaler.get_scale() == 512
+    for node in cfg.trainer.get("plugins") or []:  # the reliability extra's checkpoint IO
+        assert type(trainer.strategy.checkpoint_io).__name__ == node._target_.rsplit(".", 1)[1]
+
+
+def test_a_hook_is_called_only_on_a_class_that_declares_its_seam(make_cfg, monkeypatch):
+    # A method that merely has a hook's name is not a hook: a grep for the seam finds them all.
+    called = []
+
+    class Declared(L.Callback, seams.BeforeRun):
+        def before_run(self, trainer, module):
+            called.append("declared")
+
+    class Undeclared(L.Callback):
+        def before_run(self, trainer, module):
+            called.append("undeclared")
+
+    monkeypatch.setattr(build, "callbacks", lambda cfg: [Declared(), Undeclared()])
+    build_run(make_cfg("trainer.fast_dev_run=true"))
+    assert called == ["declared"]
+
+
+def test_a_job_runner_must_declare_its_seam(capsys):
+    node = {"_target_": "lightning.Callback"}  # has no run_job: not a seams.JobRunner
+    hc = OmegaConf.create({"callbacks": {cli.JOB_RUNNER: node}})
+    HydraConfig.instance().cfg = OmegaConf.create({"hydra": hc})
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.job(lambda cfg: 1.0)(OmegaConf.create({}))
+    finally:
+        HydraConfig.instance().cfg = None
+    assert e.value.code == 2
+    assert "hydra.callbacks.job_runner: lightning.Callback is not a seams.JobRunner" in capsys.readouterr().err
+
+
+def test_a_declared_copy_of_the_state_is_saved_with_the_epochs_metrics_reset(make_cfg):
+    # The EMA extra keeps the trained weights beside the average (seams.ModelStateCopy).
+    class Copy(L.Callback, seams.ModelStateCopy):
+        model_state_key = "copy"
+
+    class Undeclared(L.Callback):
+        model_state_key = "other"
+
+    module = build.module(make_cfg(), 10)
+    module.train_loss.update(torch.ones(4))
+    progress = SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=True))
+    loop = SimpleNamespace(epoch_loop=progress)
+    module.trainer = SimpleNamespace(fit_loop=loop, callbacks=[Copy(), Undeclared()])
+    checkpoint = {key: module.state_dict() for key in ("state_dict", "copy", "other")}
+    module.on_save_checkpoint(checkpoint)
+    saved = {key: float(state["train_loss.weight"]) for key, state in checkpoint.items()}
+    assert saved == {"state_dict": 0.0, "copy": 0.0, "other": 4.0}

@@ -35,12 +35,14 @@ import torch
 from hydra.utils import instantiate
 from lightning import Callback
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.plugins import precision as plugins
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
 from cifar_amp import metrics
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.precision import NAMES, Precision
+from cifar_amp.seams import FollowsCheckpoint
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -206,7 +208,7 @@ def first_batch(trainer):
     return move_data_to_device(batch, trainer.strategy.root_device)
 
 
-class AutoPrecision(Precision):
+class AutoPrecision(Precision, FollowsCheckpoint):
     """`precision=auto` (configs/precision/auto.yaml): a Precision whose mode is chosen by the
     probe when fit starts, or taken from the checkpoint a run resumes (no probe).
 
@@ -238,10 +240,11 @@ class AutoPrecision(Precision):
         self.probed: dict[str, float | None] = {}  # images/s per candidate (None: rejected)
         self.probe_batch: int | None = None  # the images of each probe step
 
-    @property
-    def trainer_precision(self) -> str:
+    def trainer_args(self, accelerator, strategy) -> dict:
         # The chosen mode's plugin is installed at fit start (use).
-        return "32-true" if self.name == AUTO else super().trainer_precision
+        if self.name == AUTO:
+            return {"precision": "32-true"}
+        return super().trainer_args(accelerator, strategy)
 
     @property
     def autocasts(self) -> bool:
@@ -272,6 +275,12 @@ class AutoPrecision(Precision):
         super().setup(trainer)  # its log line: "Precision: auto, ..." until the probe chooses
         if self.name == AUTO:
             trainer.callbacks.append(Probe(self))
+
+    def plugin(self, device: str, name: str | None = None) -> plugins.Precision:
+        """Mode `name`'s plugin (default: the chosen mode's): each candidate's in the probe."""
+        if (name := name or self.name) == "16-mixed":
+            return super().plugin(device)
+        return plugins.MixedPrecision(name, device) if name == "bf16-mixed" else plugins.Precision()
 
     def use(self, trainer, name: str) -> None:
         """Run the rest of the fit in mode `name` (before the strategy's set-up)."""

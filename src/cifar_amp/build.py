@@ -62,7 +62,8 @@ def loggers(cfg: DictConfig, versions: dict | None = None) -> dict:
 
 
 def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), loggers=(), **overrides):
-    """The Trainer of `cfg.trainer` (`overrides` win), its precision set up for its device."""
+    """The Trainer of `cfg.trainer` (`overrides` win), built with its precision's plugin; then
+    the layout and TF32 for the device it chose (Precision.setup)."""
     t, prec = cfg.trainer, prec or precision(cfg)
     if (clip := t.get("gradient_clip_val")) is not None and clip < 0:
         raise UserError(f"invalid config value for trainer.gradient_clip_val: {clip}; must be >= 0")
@@ -80,9 +81,16 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
             s = dict(StrategyRegistry[s]["init_params"], _target_=StrategyRegistry[s]["strategy"])
         overrides.setdefault("strategy", build(s, "trainer.strategy", start_method="popen"))
         log.info(f"Ranks started once, by re-running this command as ddp's, not by {start}")
+    if "strategy" not in overrides and isinstance(t.strategy, Mapping):  # it may make the plugin
+        overrides["strategy"] = build(t.strategy, "trainer.strategy")
     if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
         overrides.setdefault("benchmark", not t.get("deterministic"))
-    overrides |= {"precision": prec.trainer_precision, "logger": list(loggers) or False}
+    accelerator = overrides.get("accelerator", t.get("accelerator"))
+    args = prec.trainer_args(accelerator, overrides.get("strategy", t.strategy))
+    if "plugins" in args:  # beside the configured ones (the reliability extra's checkpoint IO)
+        configured = build(t.plugins, "trainer.plugins") if t.get("plugins") else []
+        args["plugins"][:0] = configured if isinstance(configured, list) else [configured]
+    overrides |= args | {"logger": list(loggers) or False}
     made = build(t, "trainer", callbacks=list(callbacks), default_root_dir=cfg.run_dir, **overrides)
     prec.setup(made)
     return made

@@ -16,10 +16,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, ValidationError
 
-from cifar_amp import config
+from cifar_amp import config, seams
 from cifar_amp.errors import declared, fail, missing_package, reported
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+JOB_RUNNER = "job_runner"  # `hydra.callbacks.<this>`: the seams.JobRunner that runs each job
 
 
 def main(task: Callable[[DictConfig], Any], name: str, schema: type | None = None) -> None:
@@ -30,7 +31,7 @@ def main(task: Callable[[DictConfig], Any], name: str, schema: type | None = Non
 
 
 def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
-    """One Hydra job: a UserError is one line, exit 2; a Hydra callback's `run_job` may run it."""
+    """One Hydra job: a UserError is one line, exit 2; `hydra.callbacks.job_runner` may run it."""
 
     @functools.wraps(task)
     def run(cfg: DictConfig):
@@ -38,11 +39,13 @@ def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
-        callbacks = HydraConfig.get().callbacks.values() if HydraConfig.initialized() else []
-        runners = [getattr(hydra.utils.get_class(c._target_), "run_job", None) for c in callbacks]
+        node = HydraConfig.get().callbacks.get(JOB_RUNNER) if HydraConfig.initialized() else None
+        runner = node and hydra.utils.get_class(node._target_)
+        if runner and not issubclass(runner, seams.JobRunner):
+            fail(f"hydra.callbacks.{JOB_RUNNER}: {node._target_} is not a seams.JobRunner")
         try:
-            if run_job := next(filter(None, runners), None):
-                return run_job(task, cfg)
+            if runner:
+                return runner.run_job(task, cfg)
             with reported():
                 return task(cfg)
         finally:

@@ -98,12 +98,6 @@ FROM_CHECKPOINT = {
 }
 
 
-def sqlite_url(path: str) -> str:
-    """``${sqlite:<file>}`` -> a SQLAlchemy URL, creating the file's folder (SQLite does not)."""
-    (db := Path(path).expanduser().resolve()).parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{db}"
-
-
 def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
     """Store the entry configs' schemas, each schema that a YAML file names, and the resolvers."""
     cs = ConfigStore.instance()
@@ -114,6 +108,6 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
         exclude = PASSED_BY_BUILD.get(f.relative_to(config_dir).parts[0], ())
         for path in SCHEMA_LINE.findall(f.read_text()):
             cs.store(group="schema", name=path, node=schema(get_object(path), exclude))
-    resolvers = {"metric": metrics.resolve, "sqlite": sqlite_url, "run_id": lambda: RUN_ID}
+    resolvers = {"metric": metrics.resolve, "run_id": lambda: RUN_ID}
     for name, fn in resolvers.items():
         OmegaConf.register_new_resolver(name, fn, replace=True)

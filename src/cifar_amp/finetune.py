@@ -12,12 +12,13 @@ from torch import Tensor
 
 from cifar_amp.checkpoints import Checkpoint, mismatch
 from cifar_amp.errors import UserError
+from cifar_amp.seams import BeforeRun
 
 log = logging.getLogger(__name__)
 PREFIX = "net."  # the network's keys in ImageClassifier's state_dict
 
 
-class FineTune(Callback):
+class FineTune(Callback, BeforeRun):
     def __init__(
         self,
         init_from: str | None = None,

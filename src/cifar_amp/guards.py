@@ -11,9 +11,10 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import DDPStrategy
 
 from cifar_amp.errors import UserError
+from cifar_amp.seams import BeforeRun
 
 
-class TrainerGuards(Callback):
+class TrainerGuards(Callback, BeforeRun):
     def __init__(self, accelerator: str = "auto", devices="auto", strategy="auto") -> None:
         """The `trainer.*` settings (the config passes them); a missing device is refused now,
         before Lightning builds the Trainer: its refusal would not name the recipe that chose it."""

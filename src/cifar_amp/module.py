@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from cifar_amp import metrics
+from cifar_amp import metrics, seams
 from cifar_amp import tta as TTA
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 
@@ -135,12 +135,14 @@ class ImageClassifier(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # At an epoch's end the training metrics hold its totals (logged); a resume from here
-        # starts the next epoch, so they are saved reset (in EMA's `current_model_state` too).
+        # starts the next epoch, so they are saved reset (in each copy of the state too: EMA's).
         if self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            copies = (c for c in self.trainer.callbacks if isinstance(c, seams.ModelStateCopy))
+            keys = {"state_dict", *(c.model_state_key for c in copies)}
             for name in ("train_loss", "train_acc"):
                 fresh = copy.deepcopy(getattr(self, name))
                 fresh.reset()
-                for key in checkpoint.keys() & {"state_dict", "current_model_state"}:
+                for key in checkpoint.keys() & keys:
                     checkpoint[key].update(fresh.state_dict(prefix=f"{name}."))
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:

@@ -2,8 +2,8 @@
 `<job dir>/error.txt`, NaN to the sweeper), whichever DDP rank failed, and the sweep ends with a
 summary naming the failed jobs (exit 2).
 
-configs/hydra/sweep_jobs/ adds SweepSummary to Hydra's callbacks; cli.job finds its `run_job`
-there and runs each job through it.
+configs/hydra/sweep_jobs/ adds SweepSummary to Hydra's callbacks, and SweepJobs as their
+`job_runner`, through which cli.job runs each job (seams.JobRunner).
 
 Under DDP, Lightning starts ranks > 0 by re-running `sys.argv` with `hydra.run.dir=<the job's
 dir>` (lightning.fabric.strategies.launchers.subprocess_script). In a multirun that argv still
@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 
 from cifar_amp.cli import end_process_group
 from cifar_amp.errors import EXIT_CODE, REPORTED, one_line, reported
+from cifar_amp.seams import JobRunner
 
 log = logging.getLogger(__name__)
 ERROR_FILE = "error.txt"  # in a failed sweep job's directory
@@ -143,8 +144,8 @@ class SweepRanks:
                 self.failed = f"rank {rank} of this job exited with code {proc.returncode}"
 
 
-class SweepSummary(Callback):
-    """At the end of a sweep: name the failed jobs on stderr and exit 2 if there were any."""
+class SweepJobs(Callback, JobRunner):
+    """`hydra.callbacks.job_runner`: each job of a sweep fails alone."""
 
     @classmethod
     def run_job(cls, task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
@@ -157,6 +158,10 @@ class SweepSummary(Callback):
             return _sweep_job_rank(task, cfg, Path(hc.runtime.output_dir))
         with reported():
             return task(cfg)
+
+
+class SweepSummary(Callback):
+    """At the end of a sweep: name the failed jobs on stderr and exit 2 if there were any."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)

@@ -1,13 +1,15 @@
-"""`precision`: plugin, GradScaler, layout and TF32, set together once the device is known."""
+"""`precision`: the plugin the Trainer is built with (16-mixed: with its GradScaler), then the
+layout and TF32 for the device the Trainer chose."""
 
 import logging
 from typing import Annotated, Optional
 
 import torch
-from lightning.pytorch.plugins import precision as plugins
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 
-from cifar_amp import metrics
+from cifar_amp import metrics, seams
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
 
@@ -38,9 +40,15 @@ class Precision:
             if key in s and not ok(s[key]):
                 raise InvalidArgument(f"scaler.{key}", s[key], rule)
 
-    @property
-    def trainer_precision(self) -> str:  # 16-mixed's plugin is made by setup, for the device
-        return "32-true" if self.name == "16-mixed" else self.name
+    def trainer_args(self, accelerator, strategy) -> dict:
+        """The Trainer's `precision` (Lightning makes the plugin), or under 16-mixed the plugin
+        with `scaler`, ours or the strategy's (Lightning's would drop it, and on CPU bf16 it)."""
+        if self.name != "16-mixed":
+            return {"precision": self.name}
+        device = device_type(accelerator)
+        if isinstance(strategy, seams.Float16Plugin):
+            return {"plugins": [strategy.float16_plugin(self.scaler, device)]}
+        return {"plugins": [self.plugin(device)]}
 
     @property
     def autocasts(self) -> bool:  # whether steps may autocast (a fused optimizer cannot clip)
@@ -57,18 +65,18 @@ class Precision:
             return not self.name.startswith("16")
         return device == "cuda" and ("16" in self.name or (self.name == "32-true" and self.tf32))
 
-    def adopt(self, recorded: str | None) -> None:
-        """Told the mode a checkpoint trained in: a fixed mode keeps its own (resume checks it)."""
-
     def record(self) -> dict:  # what metrics.json says of the precision
         return {metrics.PRECISION: self.name}
 
     def setup(self, trainer) -> None:
-        """For the device the Trainer chose: the 16-mixed plugin, TF32, the layout, a log line."""
-        if self.name == "16-mixed" and type(trainer.strategy) in (FSDPStrategy, DeepSpeedStrategy):
-            raise UserError(  # it takes only its own plugins (the sharding extra's make them)
-                f"precision=16-mixed with {type(trainer.strategy).__name__} would lose precision."
-                "scaler; use trainer=fsdp or trainer=deepspeed (the sharding extra), or bf16-mixed"
+        """For the device the Trainer chose: TF32, the layout, a log line."""
+        # Lightning refuses our plugin under its FSDP (FSDPStrategy.precision_plugin's setter),
+        # not under its DeepSpeed, whose engine would bypass it.
+        deepspeed = isinstance(trainer.strategy, DeepSpeedStrategy)
+        if deepspeed and type(trainer.precision_plugin) is MixedPrecision:
+            raise UserError(
+                f"precision={self.name} with {type(trainer.strategy).__name__} would lose "
+                "precision.scaler; use trainer=deepspeed (the sharding extra), or bf16-mixed"
             )
         device = trainer.strategy.root_device
         if device.type == "cuda" and "bf16" in self.name and not torch.cuda.is_bf16_supported():
@@ -76,8 +84,6 @@ class Precision:
                 f"precision={self.name}: {torch.cuda.get_device_name(device)} has no bfloat16 "
                 "support; valid here: 16-mixed, 32-true, 16-true"
             )
-        if self.name == "16-mixed":
-            trainer.strategy.precision_plugin = self.plugin(device.type)
         if device.type == "cuda":  # process-wide switches that only CUDA reads
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
         self.layout = self.channels_last(device.type)
@@ -90,9 +96,24 @@ class Precision:
                 "many times as long as in 32-true; for speed use precision=bf16-mixed (or 32-true)"
             )
 
-    def plugin(self, device: str, name: str | None = None) -> plugins.Precision:
-        """Mode `name`'s plugin (default: this one) where Lightning's will not do (see setup)."""
-        if (name := name or self.name) == "32-true":
-            return plugins.Precision()
-        scaler = torch.amp.GradScaler(device, **self.scaler) if name == "16-mixed" else None
-        return plugins.MixedPrecision(name, device, scaler)
+    def plugin(self, device: str) -> MixedPrecision:
+        """16-mixed's plugin: float16 autocast on a `device` type, and a GradScaler of `scaler`.
+        A step under it, in the order of Lightning's MixedPrecision (lightning/pytorch/plugins/
+        precision/amp.py: pre_backward, optimizer_step): backward of scaler.scale(loss);
+        scaler.unscale_(optimizer), unless the optimizer unscales in its step (`fused`); then
+        (precision.py: _after_closure) on_before_optimizer_step hooks and clip_gradients on the
+        unscaled gradients (trainer.gradient_clip_val; with `fused`, build.trainer refuses it);
+        scaler.step(optimizer), skipped if a gradient is inf/NaN; scaler.update()."""
+        return MixedPrecision("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
+
+
+def device_type(name) -> str:
+    """The device type of autocast for `trainer.accelerator`, before the Trainer exists, as
+    Lightning picks it for precision="16-mixed": its accelerator choice (`auto`, `gpu`), then
+    cpu or mps as named, any other `cuda` (accelerator_connector.py, _check_and_init_precision)."""
+    # Private: the connector's own choices for `auto` and `gpu`, by what is available here.
+    if name in (None, "auto"):
+        name = _AcceleratorConnector._choose_auto_accelerator()
+    if name == "gpu":
+        name = _AcceleratorConnector._choose_gpu_accelerator_backend()
+    return name if name in ("cpu", "mps") else "cuda"

@@ -25,6 +25,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cifar_amp.errors import UserError
+from cifar_amp.seams import StopSignal
 
 log = logging.getLogger(__name__)
 # What write_atomically leaves if killed mid-write.
@@ -91,7 +92,7 @@ def _is_local_path(path) -> bool:
 
 
 # -- SIGTERM (preemption, scancel, kill) and Ctrl+C --------------------------------------------
-class SaveOnSignal(Callback):
+class SaveOnSignal(Callback, StopSignal):
     """Save last.ckpt and stop cleanly on SIGTERM and on the first Ctrl+C; a second aborts.
     Lightning's signal connector finishes the batch and raises SIGTERMException (on all DDP
     ranks); Ctrl+C is routed the same way, as Lightning alone would abort mid-step."""
@@ -138,7 +139,7 @@ class SaveOnSignal(Callback):
         self._restore()
         if not isinstance(exception, SIGTERMException):
             return
-        exception.signum = signum = self.signum or signal.SIGTERM  # the core exits 128 + it
+        self.signum = signum = self.signum or signal.SIGTERM  # the core exits 128 + it
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path)
         if trainer.is_global_zero:

@@ -13,15 +13,18 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from cifar_amp.errors import UserError
+from cifar_amp.seams import ModelStateCopy
 
 log = logging.getLogger(__name__)
 
 
-class EMA(EMAWeightAveraging):
+class EMA(EMAWeightAveraging, ModelStateCopy):
     """Lightning's `EMAWeightAveraging` (same arguments, updates and checkpoint contents),
     updated without reading the device: the parent's `AveragedModel.update_parameters` reads
     the update count on the host twice per call and averages tensor by tensor. Here the count
     is read once per fit, and the average is one `_foreach_lerp_`."""
+
+    model_state_key = "current_model_state"  # the parent's: the trained weights, beside the average
 
     def __init__(self, *args, decay: float = 0.999, **kwargs) -> None:
         super().__init__(*args, decay=decay, **kwargs)
@@ -49,8 +52,8 @@ class EMA(EMAWeightAveraging):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
-        if self._trained is not None and "current_model_state" in checkpoint:
-            checkpoint["current_model_state"] = self._trained
+        if self._trained is not None and self.model_state_key in checkpoint:
+            checkpoint[self.model_state_key] = self._trained
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         # Only a fit goes on from the trained weights; a test evaluates the checkpoint's

@@ -5,6 +5,7 @@ on resume. Nothing in the core imports this module; configs/logger/ name these c
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from lightning.pytorch import loggers
 from lightning.pytorch.utilities import rank_zero_only
@@ -31,6 +32,11 @@ class MLFlowLogger(loggers.MLFlowLogger):
         self.continued = False
         uri = kwargs.get("tracking_uri")
         if uri and uri.startswith("sqlite:///"):
+            # The default store's path is relative: taken from the working directory (where every
+            # job of a sweep starts), its folder made, as SQLite does not make it.
+            db = Path(uri.removeprefix("sqlite:///")).expanduser().resolve()
+            db.parent.mkdir(parents=True, exist_ok=True)
+            kwargs["tracking_uri"] = uri = f"sqlite:///{db}"
             # Parallel jobs that start together would each create the store's tables or the
             # experiment, and all but one fail: one at a time, the others find them made.
             with FileLock(uri.removeprefix("sqlite:///") + ".lock"):

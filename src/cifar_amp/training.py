@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from cifar_amp import build, checkpoints, metrics, runs
+from cifar_amp import build, checkpoints, metrics, runs, seams
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.precision import Precision
@@ -56,7 +56,8 @@ def build_run(cfg: DictConfig) -> Run:
     resumed = Checkpoint(source, trust=cfg.trust_checkpoint) if source else None
     settings = checkpoints.run_settings(cfg)
     if resumed:  # first: it names the setting that differs
-        prec.adopt(resumed.settings.get("precision"))  # auto: the choice of the run resumed
+        if isinstance(prec, seams.FollowsCheckpoint):  # auto: the choice of the run resumed
+            prec.adopt(resumed.settings.get("precision"))
         resumed.check_settings(settings | {"precision": prec.name})
     loggers = build.loggers(cfg, resumed.tracker_versions(cfg.logger) if resumed else None)
     callbacks.append(checkpoints.Record(settings, loggers, prec))
@@ -66,7 +67,7 @@ def build_run(cfg: DictConfig) -> Run:
     if resumed:
         resumed.check_fits(module, dm.num_classes)
     # An extra's callback may refuse the run now, with nothing written (fine-tuning: its weights).
-    for cb in (cb for cb in callbacks if hasattr(cb, "before_run")):
+    for cb in (cb for cb in callbacks if isinstance(cb, seams.BeforeRun)):
         cb.before_run(trainer, module)
     return Run(cfg, prec, trainer, dm, module, resumed)
 
@@ -88,9 +89,10 @@ def fit(run: Run) -> None:
     trust = run.cfg.trust_checkpoint
     try:
         run.trainer.fit(run.module, run.datamodule, ckpt_path=ckpt, weights_only=not trust)
-    except SIGTERMException as e:  # the shell's code for a run a signal stopped: 128 + it
-        # (the reliability extra has saved last.ckpt and said how to resume; it sets `signum`)
-        raise SystemExit(128 + getattr(e, "signum", signal.SIGTERM)) from None
+    except SIGTERMException:  # the shell's code for a run a signal stopped: 128 + it
+        # (the reliability extra has saved last.ckpt, said how to resume, and knows the signal)
+        said = [cb.signum for cb in run.trainer.callbacks if isinstance(cb, seams.StopSignal)]
+        raise SystemExit(128 + next(filter(None, said), signal.SIGTERM)) from None
     run.fit_seconds = round(time.perf_counter() - start, 3)
     run.fitted = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
 

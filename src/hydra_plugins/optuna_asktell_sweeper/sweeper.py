@@ -177,6 +177,8 @@ class OptunaAskTellSweeper(Sweeper):
             sys.exit(2)
 
         space, fixed = search_space([f"{k}={v}" for k, v in self.params.items()], arguments)
+        if (self.storage or "").startswith("sqlite:///"):  # SQLite does not make the folder
+            Path(self.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         study = optuna.create_study(
             study_name=self.study_name,
             storage=self.storage,
