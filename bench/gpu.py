@@ -263,7 +263,7 @@ def _sync(device) -> None:
 def _peak_mb(device, reset: bool = False) -> float | None:
     import torch
 
-    from cifar_amp.diagnostics import peak_rss_mb
+    from cifar_amp.extras.diagnostics.diagnostics import peak_rss_mb
 
     if device.type != "cuda":
         return None if reset else peak_rss_mb()
@@ -442,8 +442,8 @@ def checkpointing_section(sizes: Sizes, data_dir: Path, work: Path, device: str,
 
 def auto_section(sizes: Sizes, data_dir: Path, work: Path, device: str, dms: dict) -> dict:
     """precision=auto's probe on the precision section's network and batch."""
-    from cifar_amp import autoprecision as A
     from cifar_amp import build
+    from cifar_amp.extras.auto_precision import autoprecision as A
 
     cfg = compose(
         [

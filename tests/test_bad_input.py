@@ -81,7 +81,7 @@ def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):
 @pytest.mark.parametrize("strategy", [FSDPStrategy, DeepSpeedStrategy])
 def test_16_mixed_with_lightnings_sharding_strategies_is_refused(strategy):
     # They take only their own plugins, made from the Trainer's precision name, which would drop
-    # precision.scaler; the sharding extra's strategies take ours (tests/test_sharding.py).
+    # precision.scaler; the sharding extra's strategies take ours (tests/extras/sharding/test_sharding.py).
     trainer = SimpleNamespace(strategy=object.__new__(strategy))  # Lightning refuses FSDP on CPU
     with pytest.raises(
         UserError,
