@@ -1,25 +1,31 @@
 # Every target installs what it needs on first use (a .venv in the repo), so a fresh
-# clone needs only Python 3.10+ and pip: `make train`, `make test`.
+# clone needs only Python 3.10+ and pip: `make train`, `make test`. Two stamps: training needs
+# the package and its dependencies; the tests also need pytest and the extras' optional packages.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+TRAIN_STAMP := $(VENV)/.installed-train
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train eval test test-slow test-gpu test-extras bench-gpu
+.PHONY: install train eval test test-slow test-gpu test-extras bench-gpu rename
 
-$(STAMP): pyproject.toml
+$(TRAIN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(TRAIN_STAMP)
+
+$(STAMP): $(TRAIN_STAMP)
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # make train ARGS="precision=16-mixed trainer.max_epochs=5"
-train: $(STAMP)
+train: $(TRAIN_STAMP)
 	$(PY) train.py $(ARGS)
 
-eval: $(STAMP)
+eval: $(TRAIN_STAMP)
 	$(PY) eval.py $(ARGS)
 
 test: $(STAMP)
@@ -47,3 +53,10 @@ bench-gpu:
 	$(if $(WHEELS),$(BENCH_PY) -m pip install -q --no-index --no-deps --target .bench-site $(WHEELS)/*.whl &&) \
 	PYTHONPATH=src:.$(if $(WHEELS),:.bench-site)$${PYTHONPATH:+:$$PYTHONPATH} \
 	$(BENCH_PY) -m bench.gpu $(if $(DATA),--data-dir $(DATA)) $(ARGS)
+
+# make rename NAME=<your_pkg>: the package, its module paths in configs, code, tests and docs, the
+# distribution, and the checkpoints in tests/assets (rewritten through torch.load, not as bytes).
+# Run it before `make install`: the editable install points at the package's folder.
+rename:
+	$(if $(NAME),,$(error make rename NAME=<your_pkg>))
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/rename.py $(NAME)

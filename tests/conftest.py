@@ -139,5 +139,5 @@ def deterministic(result: dict) -> dict:
 
 def options(group: str) -> list[str]:
     """The options of a config group, from the files in configs/<group>/ and the extras'."""
-    roots = (CONFIGS, *config.extra_dirs("configs"))
+    roots = (CONFIGS, *config.EXTRAS.glob("*/configs"))
     return sorted(p.stem for root in roots for p in (root / group).glob("*.yaml"))

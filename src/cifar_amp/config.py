@@ -105,19 +105,13 @@ def sqlite_url(path: str) -> str:
     return f"sqlite:///{db}"
 
 
-def extra_dirs(sub: str) -> list[Path]:
-    """Each extra's `sub` folder (`configs`, `hydra_plugins`): all the core knows of extras."""
-    return sorted(EXTRAS.glob(f"*/{sub}"))
-
-
 def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
-    """Store the entry configs' schemas, each schema that a YAML file (of `config_dir` or of an
-    extra) names, and the resolvers."""
+    """Store the entry configs' schemas, each schema that a YAML file names, and the resolvers."""
     cs = ConfigStore.instance()
     for name, node in {"train": TrainConfig, "eval": EvalConfig, **(entries or {})}.items():
         # Open while composing, for an extra's own top-level key (`init_from`); Hydra closes it.
         cs.store(name=f"{name}_schema", node=OmegaConf.structured(node, flags={"struct": False}))
-    for root in (Path(config_dir), *extra_dirs("configs")):
+    for root in (Path(config_dir), *sorted(EXTRAS.glob("*/configs"))):
         for f in sorted(root.rglob("*.yaml")):
             exclude = PASSED_BY_BUILD.get(f.relative_to(root).parts[0], ())
             for path in SCHEMA_LINE.findall(f.read_text()):
