@@ -37,8 +37,9 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 	$(PY) -m pytest -m gpu $(ARGS)
 
-# docs/fork.md's extras come off whole: a copy without any passes the core's tests, a copy of the
-# core and one extra its tests; each trains the default recipe (ARGS: extras to check, default all).
+# Every extra (a folder of src/cifar_amp/extras/, and bench/) comes off whole: a copy without
+# any passes the core's tests, a copy of the core and one extra its tests; each trains the
+# default recipe (ARGS: extras to check, default all).
 test-extras: $(STAMP)
 	$(PY) .ci/extras.py $(ARGS)
 
@@ -55,8 +56,9 @@ bench-gpu:
 	$(BENCH_PY) -m bench.gpu $(if $(DATA),--data-dir $(DATA)) $(ARGS)
 
 # make rename NAME=<your_pkg>: the package, its module paths in configs, code, tests and docs, the
-# distribution, and the checkpoints in tests/assets (rewritten through torch.load, not as bytes).
-# Run it before `make install`: the editable install points at the package's folder.
-rename:
+# distribution, and the checkpoints in tests/ (rewritten through torch.load, not as bytes). The
+# next target reinstalls the package under its new distribution name.
+rename: $(TRAIN_STAMP)
 	$(if $(NAME),,$(error make rename NAME=<your_pkg>))
-	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/rename.py $(NAME)
+	$(PY) scripts/rename.py $(NAME)
+	rm -f $(TRAIN_STAMP) $(STAMP)
