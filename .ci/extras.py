@@ -166,12 +166,17 @@ def check(label: str, paths: list[str], tests: list[str]) -> bool:
 
 def main(argv: list[str]) -> int:
     table = extras()
+    text = DOCS.read_text()
+    if not TABLE.search(text):
+        sys.exit(f"no '<!-- extras: ... -->' block in {DOCS}")
+    written = TABLE.sub(lambda m: m[1] + docs(table) + m[2], text)
     if argv == ["--docs"]:
-        text = DOCS.read_text()
-        if not TABLE.search(text):
-            sys.exit(f"no '<!-- extras: ... -->' block in {DOCS}")
-        DOCS.write_text(TABLE.sub(lambda m: m[1] + docs(table) + m[2], text))
+        DOCS.write_text(written)
         return 0
+    if not argv and written != text:  # CI's run: the table must say what the folders say
+        sys.exit(
+            f"{DOCS.relative_to(REPO)}'s table of extras is stale: python .ci/extras.py --docs"
+        )
     argv = [n.replace("-", "_") for n in argv]
     unknown = [n for n in argv if n not in table]
     if unknown:
