@@ -1,25 +1,31 @@
 # Every target installs what it needs on first use (a .venv in the repo), so a fresh
-# clone needs only Python 3.10+ and pip: `make train`, `make test`.
+# clone needs only Python 3.10+ and pip: `make train`, `make test`. Two stamps: training needs
+# the package and its dependencies; the tests also need pytest and the extras' optional packages.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+TRAIN_STAMP := $(VENV)/.installed-train
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train eval test test-slow test-gpu test-extras bench-gpu
+.PHONY: install train eval test test-slow test-gpu test-extras bench-gpu rename
 
-$(STAMP): pyproject.toml
+$(TRAIN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(TRAIN_STAMP)
+
+$(STAMP): $(TRAIN_STAMP)
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # make train ARGS="precision=16-mixed trainer.max_epochs=5"
-train: $(STAMP)
+train: $(TRAIN_STAMP)
 	$(PY) train.py $(ARGS)
 
-eval: $(STAMP)
+eval: $(TRAIN_STAMP)
 	$(PY) eval.py $(ARGS)
 
 test: $(STAMP)
@@ -31,8 +37,9 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 	$(PY) -m pytest -m gpu $(ARGS)
 
-# docs/fork.md's extras come off whole: a copy without any passes the core's tests, a copy of the
-# core and one extra its tests; each trains the default recipe (ARGS: extras to check, default all).
+# Every extra (a folder of src/cifar_amp/extras/, and bench/) comes off whole: a copy without
+# any passes the core's tests, a copy of the core and one extra its tests; each trains the
+# default recipe (ARGS: extras to check, default all).
 test-extras: $(STAMP)
 	$(PY) .ci/extras.py $(ARGS)
 
@@ -48,3 +55,11 @@ bench-gpu:
 	$(if $(WHEELS),$(BENCH_PY) -m pip install -q --no-index --no-deps --target .bench-site $(WHEELS)/*.whl &&) \
 	PYTHONPATH=src:.$(if $(WHEELS),:.bench-site)$${PYTHONPATH:+:$$PYTHONPATH} \
 	$(BENCH_PY) -m bench.gpu $(if $(DATA),--data-dir $(DATA)) $(if $(AIRBENCH),--airbench $(AIRBENCH)) $(ARGS)
+
+# make rename NAME=<your_pkg>: the package, its module paths in configs, code, tests and docs, the
+# distribution, and the checkpoints in tests/ (rewritten through torch.load, not as bytes). The
+# next target reinstalls the package under its new distribution name.
+rename: $(TRAIN_STAMP)
+	$(if $(NAME),,$(error make rename NAME=<your_pkg>))
+	$(PY) scripts/rename.py $(NAME)
+	rm -f $(TRAIN_STAMP) $(STAMP)

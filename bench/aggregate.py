@@ -16,9 +16,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench import report
-from cifar_amp import diagnostics as D
 from cifar_amp import metrics
 from cifar_amp.errors import UserError, reported
+from cifar_amp.extras.diagnostics import diagnostics as D
 
 DEFAULT_CHART = (
     metrics.TEST_ACC,

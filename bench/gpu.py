@@ -293,7 +293,7 @@ def _release() -> None:
 def _measured(window, batch: int, device) -> dict:
     """The timed steps' mean time and memory, from `window` (bench/memory.py's StepWindow);
     off CUDA, the process's peak RSS instead."""
-    from cifar_amp.diagnostics import peak_rss_mb
+    from cifar_amp.extras.diagnostics.diagnostics import peak_rss_mb
 
     step = window.step_seconds
     cuda = device.type == "cuda"
@@ -462,8 +462,8 @@ def checkpointing_section(ctx: Context, keep) -> list:
 
 def auto_section(ctx: Context, keep) -> dict:
     """precision=auto's probe on the precision section's network and batch."""
-    from cifar_amp import autoprecision as A
     from cifar_amp import build
+    from cifar_amp.extras.auto_precision import autoprecision as A
 
     cfg = compose(
         [

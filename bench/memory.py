@@ -40,7 +40,7 @@ class StepWindow:
     allocated and resets the peak, at its end it reads the peak. Over the timed steps `peak_mb`
     is the highest peak of everything on the device (weights, optimizer state, data kept on the
     device) and `step_peak_mb` what a step adds over what was allocated at its start, as
-    tests/test_resnet.py measures it: the step's own peak. `base_mb` is what was allocated at the
+    tests/extras/resnet18/test_resnet.py measures it: the step's own peak. `base_mb` is what was allocated at the
     first timed step's start. The warm-up (cuDNN autotuning's workspaces, the optimizer state's
     creation) is in `peak_warmup_mb` only. No memory off CUDA."""
 

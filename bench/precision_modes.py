@@ -31,8 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from bench import memory, report
 from cifar_amp import build, cli, config
 from cifar_amp.config import TrainConfig
-from cifar_amp.diagnostics import SKIPPED_STEPS, peak_rss_mb
 from cifar_amp.errors import UserError
+from cifar_amp.extras.diagnostics.diagnostics import SKIPPED_STEPS, peak_rss_mb
 from cifar_amp.precision import NAMES
 
 log = logging.getLogger(__name__)

@@ -56,8 +56,8 @@ def _entry_schemas() -> dict:
     """The schemas of the extras' entry configs (predict, export) that are installed."""
     found = {}
     for name, module, cls in (
-        ("predict", "prediction", "PredictConfig"),
-        ("export", "export", "ExportConfig"),
+        ("predict", "extras.predict.prediction", "PredictConfig"),
+        ("export", "extras.predict.export", "ExportConfig"),
     ):
         try:
             found[name] = {name: getattr(importlib.import_module(f"cifar_amp.{module}"), cls)}
@@ -138,5 +138,6 @@ def deterministic(result: dict) -> dict:
 
 
 def options(group: str) -> list[str]:
-    """The options of a config group, from the files in configs/<group>/."""
-    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+    """The options of a config group, from the files in configs/<group>/ and the extras'."""
+    roots = (CONFIGS, *config.EXTRAS.glob("*/configs"))
+    return sorted(p.stem for root in roots for p in (root / group).glob("*.yaml"))

@@ -81,7 +81,7 @@ def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):
 
 def test_16_mixed_with_lightnings_sharding_strategies_is_refused():
     # They take only their own plugins, made from the Trainer's precision name, which would drop
-    # precision.scaler; the sharding extra's strategies make theirs from it (test_sharding.py).
+    # precision.scaler; the sharding extra's strategies make theirs from it (tests/extras/sharding/).
     # FSDP: Lightning refuses ours when the Trainer's connector gives it to the strategy (and
     # FSDP on CPU before that); DeepSpeed takes any, so the core refuses it.
     with pytest.raises(TypeError, match="FSDP strategy can only work with the `FSDPPrecision`"):

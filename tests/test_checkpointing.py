@@ -17,7 +17,7 @@ MODELS = {
     "small_cnn": lambda **ck: SmallCNN(width=8, hidden=16, **ck),
     "speednet": lambda **ck: SpeedNet(widths=(16, 32, 32), stem_width=12, **ck),
 }
-# Each model with both ways of choosing blocks (model=resnet18's: tests/test_resnet.py).
+# Each model with both ways of choosing blocks (model=resnet18's: tests/extras/resnet18/test_resnet.py).
 CASES = [
     ("small_cnn", {"activation_checkpointing": 1}),
     ("small_cnn", {"checkpoint_stages": [1]}),

@@ -22,7 +22,7 @@ def test_every_group_option_composes(make_cfg, group, option):
     if group == "precision":
         assert cfg.precision.name == option
     if group == "model":
-        assert cfg.model["_target_"].startswith("cifar_amp.models.")
+        assert cfg.model["_target_"].startswith(("cifar_amp.models.", "cifar_amp.extras."))
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))

@@ -1,5 +1,5 @@
 """Two CPU processes (DDP over gloo): per-rank sharding, metric reduction across ranks, every
-strategy Lightning offers for them (DDP jobs of a sweep: tests/test_multirun.py)."""
+strategy Lightning offers for them (DDP jobs of a sweep: tests/extras/multirun/test_multirun.py)."""
 
 from __future__ import annotations
 

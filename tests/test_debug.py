@@ -43,7 +43,7 @@ def epochs(run_dir) -> list[dict]:
 
 
 def test_every_preset_is_tested_here():
-    # anomaly: the reliability extra's preset (tests/test_reliability.py)
+    # anomaly: the reliability extra's preset (tests/extras/reliability/test_reliability.py)
     assert set(options("debug")) - {"anomaly"} == {"default", "fdr", "limit", "overfit", "profiler"}
     composed = compose_cfg("train", ["debug=fdr"], return_hydra_config=True)
     assert composed.hydra.job.name == "debug"  # runs go to logs/debug/..., not logs/train/...

@@ -1,7 +1,7 @@
 """docs/architecture.md's "to add X, edit Y", done on a copy of the repository: a module
 hyperparameter is one file, a model two; each trains, and a typo or a bad value is one line.
 (A DataModule of your own: tests/test_settings.py; image folders need no file:
-tests/test_image_folder.py.)"""
+tests/extras/image_folders/test_image_folder.py.)"""
 
 import os
 import shutil

@@ -1,6 +1,7 @@
 """On CUDA: every precision mode trains with the dtypes it promises, the GradScaler backs off
 on overflow, each mode runs its faster layout, TF32 follows its setting (activation checkpointing's
-peak memory: tests/test_resnet.py; FSDP: tests/test_sharding.py). `pytest -m gpu`; skipped
+peak memory: tests/extras/resnet18/test_resnet.py;
+FSDP: tests/extras/sharding/test_sharding.py). `pytest -m gpu`; skipped
 without CUDA."""
 
 from __future__ import annotations

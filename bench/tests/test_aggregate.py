@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench import aggregate
-from cifar_amp import diagnostics as D
 from cifar_amp import metrics
+from cifar_amp.extras.diagnostics import diagnostics as D
 from cifar_amp.training import train
 from conftest import REPO, make_cfg, tiny_data
 

@@ -12,6 +12,11 @@ from lightning.pytorch import Callback
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.module import ImageClassifier
 
+try:  # reads checkpoints of the template's earlier releases; a fork may delete it
+    from cifar_amp import compat
+except ImportError:
+    compat = None
+
 SETTINGS, TRACKERS = "run_settings", "tracker_runs"  # top-level keys the template adds
 # What weights_only loads beyond plain data: all a template checkpoint holds (none so far).
 SAFE_TYPES: list = []
@@ -92,13 +97,9 @@ class Checkpoint:
     def tracker_versions(self, logger_cfg) -> dict:
         """Logger config key -> its version (run id) in the run that wrote this checkpoint."""
         runs = self.data.get(TRACKERS, {})
-        if not all(isinstance(v, dict) for v in runs.values()):
-            return runs
-        out = {}
-        for key, node in (logger_cfg or {}).items():  # earlier releases: by logger class name
-            if run := runs.get(str((node or {}).get("_target_")).rsplit(".", 1)[-1]):
-                out[key] = next(iter(run.values()))
-        return out
+        if compat and runs and all(isinstance(v, dict) for v in runs.values()):
+            return compat.tracker_runs(runs, logger_cfg)  # an earlier release's format
+        return runs
 
     def module(self, **overrides) -> ImageClassifier:
         """Its LightningModule in eval mode, weights loaded (EMA's: averaged); `overrides` win."""

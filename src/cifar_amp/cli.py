@@ -90,8 +90,10 @@ def _check_entry_keys(argv: list[str], parsed: list, config_dir: Path, config_na
     """A train.py override given to eval, predict or export (Hydra advised `+model=...`, then
     ignored it): whether the entry takes it from the checkpoint, and the entry's keys."""
     ours = set(hydra.compose(config_name))
-    script = config_dir.parent / f"{config_name}.py"
-    entry = script.name if script.is_file() else f"cifar_amp.{config_name}"
+    script = config_dir.parent / f"{config_name}.py"  # else `python -m` an extra's module:
+    module = next(config.EXTRAS.glob(f"*/{config_name}.py"), config.EXTRAS / config_name)
+    module = ".".join(module.relative_to(config.EXTRAS.parents[1]).with_suffix("").parts)
+    entry = script.name if script.is_file() else module
     groups = {p.name for p in config_dir.iterdir() if p.is_dir()} - {"hydra"}
     for arg, o in zip(argv, parsed, strict=True):
         top = o.key_or_group.split(".")[0].split("@")[0]

@@ -18,6 +18,7 @@ from omegaconf import MISSING, OmegaConf
 
 from cifar_amp import metrics
 
+EXTRAS = Path(__file__).parent / "extras"  # an extra is a folder there (docs/fork.md)
 RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
 # By config group: the arguments that build.py passes, which other parts decide (not settings).
 PASSED_BY_BUILD = {
@@ -104,10 +105,11 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
     for name, node in {"train": TrainConfig, "eval": EvalConfig, **(entries or {})}.items():
         # Open while composing, for an extra's own top-level key (`init_from`); Hydra closes it.
         cs.store(name=f"{name}_schema", node=OmegaConf.structured(node, flags={"struct": False}))
-    for f in sorted(Path(config_dir).rglob("*.yaml")):
-        exclude = PASSED_BY_BUILD.get(f.relative_to(config_dir).parts[0], ())
-        for path in SCHEMA_LINE.findall(f.read_text()):
-            cs.store(group="schema", name=path, node=schema(get_object(path), exclude))
+    for root in (Path(config_dir), *sorted(EXTRAS.glob("*/configs"))):
+        for f in sorted(root.rglob("*.yaml")):
+            exclude = PASSED_BY_BUILD.get(f.relative_to(root).parts[0], ())
+            for path in SCHEMA_LINE.findall(f.read_text()):
+                cs.store(group="schema", name=path, node=schema(get_object(path), exclude))
     resolvers = {"metric": metrics.resolve, "run_id": lambda: RUN_ID}
     for name, fn in resolvers.items():
         OmegaConf.register_new_resolver(name, fn, replace=True)

@@ -43,12 +43,13 @@ def fail(msg: str) -> None:
 
 @functools.cache
 def declared() -> dict[str, str]:
-    """pyproject.toml's packages by normalised name -> pip command; none where not installed."""
-    out = {}
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        for line in importlib.metadata.requires("cifar-amp") or []:
-            name, extra = re.match(r"[\w.-]+", line)[0], re.search(r'extra == "([^"]+)"', line)
-            how = f"-e '.[{extra[1]}]'" if extra else f"'{line.split(';')[0].strip()}'"
+    """pyproject.toml's packages by normalised name -> pip command; none where not installed.
+    The distribution is found by this package's name, so it follows a fork's rename."""
+    out, dists = {}, importlib.metadata.packages_distributions().get(__name__.split(".")[0])
+    for line in importlib.metadata.requires(dists[0]) or [] if dists else []:
+        name, extra = re.match(r"[\w.-]+", line)[0], re.search(r'extra == "([^"]+)"', line)
+        how = f"-e '.[{extra[1]}]'" if extra else f"'{line.split(';')[0].strip()}'"
+        if name != dists[0]:  # the test extra names the distribution itself
             out.setdefault(name.lower().replace("_", "-"), f"pip install {how}")
     return out
 
@@ -59,7 +60,7 @@ def missing_package(e: BaseException) -> str | None:
     if isinstance(e, ImportError):
         names = e.name.split(".") if e.name else re.findall(r"[`']([A-Za-z][\w-]*)", str(e))
         for key in (n.lower().replace("_", "-") for n in names):
-            if key in declared() and key != "cifar-amp":
+            if key in declared():
                 return f"{key}, which is not installed here: {declared()[key]}"
     return None
 

@@ -1,0 +1,80 @@
+"""Extra (docs/fork.md): `init_from=<ckpt>`, a new run from a checkpoint's network weights
+(with EMA, the averaged ones); all else starts afresh, unlike `ckpt_path=`. A head sized for
+other classes is re-initialised; any other difference refuses the run. Nothing in the core
+imports this module; src/cifar_amp/extras/finetune/configs/finetune/default.yaml adds `init_from` and this callback."""
+
+from __future__ import annotations
+
+import logging
+
+from lightning import Callback
+from torch import Tensor
+
+from cifar_amp.checkpoints import Checkpoint, mismatch
+from cifar_amp.errors import UserError
+from cifar_amp.seams import BeforeRun
+
+log = logging.getLogger(__name__)
+PREFIX = "net."  # the network's keys in ImageClassifier's state_dict
+
+
+class FineTune(Callback, BeforeRun):
+    def __init__(
+        self,
+        init_from: str | None = None,
+        ckpt_path: str | None = None,
+        trust_checkpoint: bool = False,
+    ):
+        if init_from and ckpt_path:
+            raise UserError(
+                f"init_from={init_from} and ckpt_path={ckpt_path} exclude each other: ckpt_path "
+                "resumes a run exactly (weights, optimizer, schedule, epoch), init_from starts a new "
+                "one from a checkpoint's weights; drop one"
+            )
+        # Read when built, so that a bad file stops the run before anything is written.
+        self.source = (
+            Checkpoint(init_from, key="init_from", trust=trust_checkpoint) if init_from else None
+        )
+
+    def before_run(self, trainer, pl_module) -> None:
+        """Load the network weights into the built module (training.py calls this before the
+        run dir is touched)."""
+        if self.source is None:
+            return
+        src, net, n = self.source, pl_module.net, pl_module.hparams.num_classes
+        theirs = src.hparams.get("num_classes")
+        ours = net.state_dict()
+        saved = {
+            k[len(PREFIX) :]: v for k, v in src.data["state_dict"].items() if k.startswith(PREFIX)
+        }
+
+        def is_head(key: str, saved: Tensor, mine: Tensor) -> bool:  # differs in the classes only
+            rest = saved.shape[1:] == mine.shape[1:]
+            return rest and mine.shape[0] == n and saved.shape[0] == (theirs or saved.shape[0])
+
+        problems, head = mismatch(saved, ours, is_head)
+        if problems:
+            theirs_net = (src.hparams.get("net") or {}).get("_target_", "unknown")
+            raise UserError(
+                f"init_from={src.path} does not fit this model (the checkpoint's network: "
+                f"{theirs_net}; check model=...): " + "; ".join(problems)
+            )
+        load = {k: v for k, v in saved.items() if k not in head}
+        net.load_state_dict(load, strict=False)
+        log.info(
+            f"init_from={src.path}: loaded {len(load)} of the network's {len(ours)} tensors "
+            f"(checkpoint at epoch {src.data.get('epoch', '?')}, step "
+            f"{src.data.get('global_step', '?')}); optimizer, schedule and epoch start afresh"
+        )
+        if head:
+            log.info(
+                f"init_from: re-initialised the classification head for {n} classes (the "
+                f"checkpoint's has {theirs or 'another number'}): {', '.join(head)}"
+            )
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # The checkpoint holds the weights: rebuilding from it (eval.py, predict) fetches none.
+        hp = checkpoint.get("hyper_parameters", {})
+        net = hp.get("net")
+        if isinstance(net, dict) and (net.get("pretrained") or net.get("pretrained_path")):
+            hp["net"] = {**net, "pretrained": False, "pretrained_path": None}

@@ -1,0 +1,6 @@
+"""The guards extra: Trainer settings that Lightning would accept but that would not do what was
+asked are refused on one line before the run writes anything: a device that is not here (naming
+the recipe or option that chose it), more CPU processes than cores, a DDP run of one process on
+CPU, several devices under a one-device strategy."""
+
+NEEDS = ()  # the extras it uses (docs/fork.md); none: it stands alone

@@ -1,0 +1,4 @@
+"""The sweeps extra: `hparams_search=optuna` (our own Optuna sweeper, pruning),
+`hydra/launcher=local` (parallel trials) and `slurm`."""
+
+NEEDS = ("multirun",)  # the extras it uses (docs/fork.md); none: it stands alone

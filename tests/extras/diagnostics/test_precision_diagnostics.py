@@ -1,0 +1,238 @@
+import json
+import logging
+import math
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from cifar_amp import metrics
+from cifar_amp.extras.diagnostics import diagnostics as D
+from cifar_amp.training import train
+from conftest import requires_cuda
+
+DIAG = "+callbacks.precision_diagnostics._target_=cifar_amp.extras.diagnostics.diagnostics.PrecisionDiagnostics"
+
+
+def _run(make_cfg, tmp_path, *overrides):
+    train(make_cfg("callbacks=none", DIAG, "test=false", "module.scheduler=null", *overrides))
+    return json.loads((tmp_path / "metrics.json").read_text())
+
+
+def test_fp16_overflow_shows_as_skipped_steps_and_lower_scale(make_cfg, tmp_path):
+    # A loss scale of 2^32 overflows float16 gradients; the scaler halves it on every
+    # skipped step and never grows it here (growth_interval > steps), so
+    # final scale = init * 0.5^skipped exactly.
+    init = 2.0**32
+    out = _run(
+        make_cfg,
+        tmp_path,
+        "precision=16-mixed",
+        f"precision.scaler.init_scale={init}",
+        "precision.scaler.growth_interval=1000",
+        "data.batch_size=4",
+    )
+    skipped, scale = out[D.SKIPPED_STEPS], out[D.SCALE]
+    assert skipped >= 1
+    assert scale < init
+    assert scale == init * 0.5**skipped
+    assert skipped < 45  # it recovered: later steps (of 45) were applied
+    assert math.isfinite(out[D.GRAD_NORM]) and out[D.GRAD_NORM] > 0
+
+
+def test_no_overflow_no_skipped_steps(make_cfg, tmp_path):
+    out = _run(
+        make_cfg,
+        tmp_path,
+        "precision=16-mixed",
+        "precision.scaler.init_scale=256",
+        "precision.scaler.growth_interval=1000",
+        "trainer.limit_train_batches=5",
+    )
+    assert out[D.SKIPPED_STEPS] == 0
+    assert out[D.SCALE] == 256
+
+
+@pytest.mark.parametrize("clip, fraction", [(1e-6, 1.0), (1e6, 0.0)])
+def test_clip_fraction_and_norm_before_clipping(make_cfg, tmp_path, clip, fraction):
+    out = _run(
+        make_cfg, tmp_path, f"trainer.gradient_clip_val={clip}", "trainer.limit_train_batches=4"
+    )
+    assert out[D.CLIP_FRACTION] == fraction
+    # The norm is taken before clipping: far above a 1e-6 clip threshold.
+    assert out[D.GRAD_NORM] > 1e-3
+
+
+def test_clip_fraction_by_value(make_cfg, tmp_path):
+    out = _run(
+        make_cfg,
+        tmp_path,
+        "trainer.gradient_clip_val=1e-9",
+        "trainer.gradient_clip_algorithm=value",
+        "trainer.limit_train_batches=3",
+    )
+    assert out[D.CLIP_FRACTION] == 1.0
+
+
+def test_no_scale_without_scaler_and_perf_metrics(make_cfg, tmp_path):
+    out = _run(make_cfg, tmp_path, "precision=bf16-mixed", "trainer.limit_train_batches=3")
+    assert D.SCALE not in out and D.SKIPPED_STEPS not in out and D.CLIP_FRACTION not in out
+    assert out[D.IMAGES_PER_SEC] > 0
+    assert out[D.PEAK_MEMORY_MB] > 0
+
+
+def fit_start_log(make_cfg, caplog, precision: str) -> str:
+    """The log of a one-step fit with only the diagnostics callback."""
+    cfg = make_cfg(
+        "callbacks=none",
+        DIAG,
+        "test=false",
+        f"precision={precision}",
+        "trainer.limit_train_batches=1",
+    )
+    with caplog.at_level(logging.INFO):
+        train(cfg)
+    return caplog.text
+
+
+def test_fit_start_lines(make_cfg, caplog):
+    text = fit_start_log(make_cfg, caplog, "16-mixed")
+    assert "Precision plugin: 16-mixed: float16 autocast" in text
+    assert "GradScaler(init_scale=65536" in text
+    assert (
+        "Parameter dtypes: float32: 8 tensors" in text
+    )  # small_cnn: 2 conv + 2 linear, with biases
+    # CPU autocast runs convolutions and linear layers in float16, ReLU follows its input.
+    assert "Conv2d -> float16" in text and "Linear -> float16" in text
+
+
+def test_true_half_precision_parameters_are_counted(make_cfg, caplog):
+    text = fit_start_log(make_cfg, caplog, "bf16-true")
+    assert "Parameter dtypes: bfloat16: 8 tensors" in text
+    assert "Conv2d -> bfloat16" in text
+
+
+def test_the_fit_start_line_names_an_fsdp_plugin_and_its_scaler():
+    # As the sharding extra makes them (sharding.py), built here without it.
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    plugin = FSDPPrecision("16-mixed")
+    plugin.scaler = ShardedGradScaler(
+        "cpu", init_scale=1024.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=7
+    )
+    line = D.describe_plugin(SimpleNamespace(precision_plugin=plugin, precision="16-mixed"))
+    assert line == (
+        "16-mixed: float16 autocast on cuda (FSDPPrecision), ShardedGradScaler(init_scale=1024, "
+        "growth_factor=4, backoff_factor=0.25, growth_interval=7)"
+    )
+    bf16 = FSDPPrecision("bf16-mixed")
+    line = D.describe_plugin(SimpleNamespace(precision_plugin=bf16, precision="bf16-mixed"))
+    assert line == "bf16-mixed: bfloat16 autocast on cuda (FSDPPrecision), no GradScaler"
+
+
+@pytest.mark.parametrize(
+    "capability, tf32, said",
+    [
+        ((9, 0), False, "; TF32 off (strict IEEE float32)"),
+        (
+            (9, 0),
+            True,
+            "; TF32 on (float32 convolutions and matmuls; precision.tf32=false: strict)",
+        ),
+        ((7, 5), True, "; TF32 n/a (needs Ampere or newer)"),
+    ],
+)
+def test_the_fit_start_line_says_whether_float32_runs_on_tf32(monkeypatch, capability, tf32, said):
+    """On a (faked) GPU, after the core has set the switches from precision.tf32."""
+    from lightning.pytorch.plugins.precision import Precision as Plain
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    cuda = SimpleNamespace(root_device=torch.device("cuda", 0))
+    trainer = SimpleNamespace(strategy=cuda, precision_plugin=Plain(), precision="32-true")
+    before, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, tf32
+    try:
+        assert D.describe(trainer) == "32-true: Precision, no autocast, no GradScaler" + said
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_fused_optimizer_under_16_mixed_reports_the_unscaled_norm(make_cfg, tmp_path):
+    """A fused optimizer unscales inside its step, so the hook sees scaled gradients; the
+    reported norm must still be the unscaled one (same first step as a plain optimizer)."""
+    norms = []
+    for fused in ("null", "true"):
+        run = tmp_path / fused
+        train(
+            make_cfg(
+                "callbacks=none",
+                DIAG,
+                "test=false",
+                "module.scheduler=null",
+                "precision=16-mixed",
+                "precision.scaler.init_scale=1024",
+                f"module.optimizer.fused={fused}",
+                "trainer.gradient_clip_val=null",  # a fused optimizer cannot clip under autocast
+                "trainer.limit_train_batches=1",
+                f"run_dir={run}",
+            )
+        )
+        out = json.loads((run / "metrics.json").read_text())
+        assert out[D.SKIPPED_STEPS] == 0 and out[D.SCALE] == 1024
+        norms.append(out[D.GRAD_NORM])
+    assert math.isclose(norms[0], norms[1], rel_tol=1e-4), norms
+
+
+class Tick(L.Callback):
+    """A fake clock: each batch takes its time between its start and end hooks."""
+
+    now = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        Tick.now += 10 if trainer.global_step < D.WARMUP_STEPS else 1
+
+
+def test_train_seconds_count_the_warmup_at_the_later_batches_mean(make_cfg, tmp_path, monkeypatch):
+    """A fake clock: the 3 warm-up batches take 10 s each, the others 1 s; compile_seconds is
+    what the warm-up took beyond the mean (only with module.compile)."""
+    monkeypatch.setattr(D.time, "perf_counter", lambda: Tick.now)
+    out = _run(make_cfg, tmp_path, f"+callbacks.tick._target_={__name__}.Tick")
+    steps = 180 // 16  # tiny data: 180 training images in batches of 16
+    assert out[D.TRAIN_SECONDS] == steps  # all batches at the later batches' 1 s
+    assert D.COMPILE_SECONDS not in out  # module.compile is off
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_a_compiled_gpu_run_reports_its_compile_and_train_seconds(make_cfg, tmp_path):
+    out = train(make_cfg("trainer=gpu", "module.compile=true", "trainer.max_epochs=2"))
+    assert out[D.COMPILE_SECONDS] >= 0
+    assert 0 < out[D.TRAIN_SECONDS] < out[metrics.FIT_SECONDS]
+
+
+def test_scale_tensor_is_the_scale_without_a_sync():
+    """A private torch name the callback reads: still the scale, as a device tensor."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    assert D._scale(scaler) is None  # created lazily, on first use
+    scaler.scale(torch.ones(()))
+    scale = D._scale(scaler)
+    assert isinstance(scale, torch.Tensor) and scale.item() == scaler.get_scale() == 1024.0
+
+
+def test_fused_optimizers_say_they_unscale_and_the_scaler_then_reads_nothing():
+    p = nn.Parameter(torch.ones(3))
+    assert D._unscales_in_step(torch.optim.SGD([p], lr=0.1, fused=True))
+    assert not D._unscales_in_step(torch.optim.SGD([p], lr=0.1))
+    # GradScaler.step hands a fused optimizer the inf flag instead of reading it (.item()).
+    scaler, opt = torch.amp.GradScaler("cpu"), torch.optim.SGD([p], lr=0.1, fused=True)
+    scaler.scale(p.sum()).backward()
+    seen = []
+    original = torch.Tensor.item
+    torch.Tensor.item = lambda t: seen.append(t) or original(t)
+    try:
+        scaler.step(opt)
+    finally:
+        torch.Tensor.item = original
+    assert not seen and p.grad is not None

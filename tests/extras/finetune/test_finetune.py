@@ -1,0 +1,106 @@
+"""init_from=<checkpoint>: a new run from another run's network weights (fine-tuning)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from cifar_amp import build, metrics
+from cifar_amp.errors import UserError
+from cifar_amp.extras.finetune import finetune
+from cifar_amp.training import train
+from cifar_folder import write_cifar_folder
+
+HEAD = ("head.3.weight", "head.3.bias")  # SmallCNN's last Linear
+
+
+@pytest.fixture
+def make_cifar100_cfg(make_cfg, tmp_path):
+    """make_cfg on a tiny CIFAR-100 folder: another dataset, with 100 classes."""
+    folder = write_cifar_folder(tmp_path / "c100", "cifar100", per_file=200)  # one train file
+    return lambda *o: make_cfg("data=cifar100", f"data.data_dir={folder}", *o)
+
+
+@pytest.fixture
+def cifar_ckpt(make_cfg, tmp_path):
+    """last.ckpt of one epoch of SmallCNN on the tiny CIFAR-10 folder (10 classes)."""
+    train(make_cfg(f"run_dir={tmp_path / 'cifar'}", "test=false"))
+    return tmp_path / "cifar" / "checkpoints" / "last.ckpt"
+
+
+def test_init_from_a_cifar10_checkpoint_into_100_classes(
+    make_cifar100_cfg, cifar_ckpt, tmp_path, caplog
+):
+    saved = torch.load(cifar_ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    cfg = make_cifar100_cfg(f"init_from={cifar_ckpt}", f"run_dir={tmp_path / 'ft'}")
+    dm = build.datamodule(cfg)
+    module = build.module(cfg, dm.num_classes)
+    fresh = {k: v.clone() for k, v in module.net.state_dict().items()}
+    with caplog.at_level(logging.INFO, logger="cifar_amp.extras.finetune.finetune"):
+        finetune.FineTune(cfg.init_from).before_run(None, module)
+    for key, value in module.net.state_dict().items():
+        if key in HEAD:  # re-initialised: as built, sized for 100 classes
+            assert value.shape[0] == 100 and torch.equal(value, fresh[key])
+        else:
+            assert torch.equal(value, saved[f"net.{key}"]), key
+    log = caplog.text
+    assert "loaded 6 of the network's 8 tensors" in log
+    assert "re-initialised the classification head for 100 classes (the checkpoint's has 10)" in log
+    assert "head.3.weight, head.3.bias" in log
+
+    # The run itself: another dataset and class count, from epoch 0 with a fresh optimizer.
+    result = train(cfg)
+    assert result[metrics.EPOCHS] == 1
+    last = torch.load(tmp_path / "ft" / "checkpoints" / "last.ckpt", weights_only=True)
+    # One epoch of 180 images in 16s: step and schedule start at 0, not where CIFAR-10's ended.
+    assert last["global_step"] == last["lr_schedulers"][0]["last_epoch"] == 11
+    assert last["hyper_parameters"]["num_classes"] == 100
+
+
+def test_same_class_count_loads_the_head_too(make_cfg, cifar_ckpt, tmp_path):
+    cfg = make_cfg(f"init_from={cifar_ckpt}", f"run_dir={tmp_path / 'again'}")
+    module = build.module(cfg, 10)
+    finetune.FineTune(cfg.init_from).before_run(None, module)
+    saved = torch.load(cifar_ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    assert torch.equal(module.net.state_dict()["head.3.weight"], saved["net.head.3.weight"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("ckpt_path={ckpt}",), "init_from=.* and ckpt_path=.* exclude each other"),
+        (("model=speednet",), r"does not fit this model \(the checkpoint's network: "),
+        (("model.width=16",), r"shapes \(checkpoint vs model\): blocks.0.0.weight"),
+    ],
+)
+def test_refused_in_one_line(make_cifar100_cfg, cifar_ckpt, tmp_path, overrides, expected):
+    extra = [o.format(ckpt=cifar_ckpt) for o in overrides]
+    cfg = make_cifar100_cfg(f"init_from={cifar_ckpt}", f"run_dir={tmp_path / 'x'}", *extra)
+    with pytest.raises(UserError, match=expected) as e:
+        train(cfg)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "x").exists()  # refused before the run dir is made
+
+
+def test_missing_or_foreign_file_is_refused(make_cifar100_cfg, tmp_path):
+    foreign = tmp_path / "weights.pt"
+    torch.save({"conv.weight": torch.zeros(1)}, foreign)
+    for path, expected in ((tmp_path / "nope.ckpt", "no such file"), (foreign, "no 'state_dict'")):
+        with pytest.raises(UserError, match=f"init_from={path}.*{expected}"):
+            train(make_cifar100_cfg(f"init_from={path}", f"run_dir={tmp_path / 'x'}"))
+
+
+def test_init_from_reads_its_checkpoint_as_data_once(make_cfg, tmp_path, evil_ckpt, monkeypatch):
+    from test_checkpoints import project_loads
+
+    path, marker = evil_ckpt
+    with pytest.raises(UserError, match=f"init_from={path} holds .*trust_checkpoint=true"):
+        train(make_cfg(f"init_from={path}", f"run_dir={tmp_path / 'x'}"))
+    assert not marker.exists() and not (tmp_path / "x").exists()
+    good = tmp_path.parent / "good.ckpt"
+    torch.save(torch.load(path, weights_only=False) | {"note": None}, good)
+    loads = project_loads(monkeypatch)
+    train(make_cfg(f"init_from={good}", f"run_dir={tmp_path / 'y'}"))
+    assert loads == [str(good)]

@@ -1,0 +1,292 @@
+"""The reliability extra: checkpoint writes a kill or a full disk cannot tear, SIGTERM/Ctrl+C
+that save and say how to resume (and resume exactly), a stop on losses that stay non-finite."""
+
+import errno
+import io
+import os
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+import torch
+
+from cifar_amp import build
+from cifar_amp.errors import reported
+from cifar_amp.extras.reliability import reliability
+from cifar_amp.extras.reliability.reliability import AtomicCheckpointIO, NonFiniteLossError
+from cifar_amp.training import train
+from conftest import REPO
+from test_resume import (  # reference_run: a fixture, used by name
+    ENV,
+    EXACT,
+    _start_and_signal,
+    assert_same_weights,
+    comparable,
+    reference_run,
+)
+
+
+def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.arange(1000.0)}, path)
+
+    def dies_halfway(obj, f, *args, **kwargs):
+        f.write(b"\x80\x02 half a pickle")
+        raise KeyboardInterrupt  # a signal in the middle of the write
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(1000)}, path)
+    monkeypatch.undo()
+    kept = torch.load(path, weights_only=True)
+    assert kept["step"] == 1 and torch.equal(kept["w"], torch.arange(1000.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temp file left behind
+
+
+def test_trainer_writes_checkpoints_atomically(make_cfg):
+    for precision in ("32-true", "16-mixed"):  # 16-mixed brings its own plugin list
+        cfg = make_cfg(f"precision={precision}")
+        trainer = build.trainer(cfg, build.precision(cfg))
+        assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_checkpoint_gets_the_mode_a_plain_save_would(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        torch.save({"w": 1}, tmp_path / "plain.ckpt")
+        AtomicCheckpointIO().save_checkpoint({"w": 1}, tmp_path / "atomic.ckpt")
+    finally:
+        os.umask(previous)
+    modes = [stat.S_IMODE((tmp_path / n).stat().st_mode) for n in ("plain.ckpt", "atomic.ckpt")]
+    assert modes[0] == modes[1] == 0o666 & ~umask
+    # An overwrite keeps the file's mode, as a plain save over it would.
+    (tmp_path / "atomic.ckpt").chmod(0o640)
+    AtomicCheckpointIO().save_checkpoint({"w": 2}, tmp_path / "atomic.ckpt")
+    assert stat.S_IMODE((tmp_path / "atomic.ckpt").stat().st_mode) == 0o640
+
+
+def test_disk_full_mid_write_stops_the_run_with_one_line_and_keeps_last_ckpt(
+    make_cfg, tmp_path, monkeypatch, capsys
+):
+    real_save = torch.save
+
+    def disk_fills_up_after_epoch_0(obj, f, *args, **kwargs):
+        if obj["epoch"] == 0:
+            return real_save(obj, f, *args, **kwargs)
+        part = io.BytesIO()
+        real_save(obj, part)
+        f.write(part.getvalue()[: len(part.getvalue()) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", disk_fills_up_after_epoch_0)
+    # last.ckpt only (no best-checkpoint writes), at each epoch end
+    cfg = make_cfg(
+        "trainer.max_epochs=2", "data.batch_size=60", "~callbacks.model_checkpoint", "test=false"
+    )
+    with pytest.raises(SystemExit) as e, reported():
+        train(cfg)
+    monkeypatch.undo()
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"error: cannot write {last}: No space left on device; its previous version is kept"
+    )
+    assert torch.load(last, weights_only=False)["epoch"] == 0  # intact, from epoch 0
+    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]  # and no temp file
+
+
+def test_stray_temp_files_are_removed_before_the_first_write_in_a_folder(tmp_path, caplog):
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    stray = [ckpts / ".last.ckpt.0123456789abcdef.tmp", ckpts / ".last.ckpt.k3_x9qa1.tmp"]
+    kept = [ckpts / ".notes.tmp", tmp_path / "draft.ckpt.tmp"]
+    for p in stray + kept:
+        p.write_bytes(b"x")
+    AtomicCheckpointIO().save_checkpoint({"w": 1}, ckpts / "last.ckpt")
+    assert [p for p in stray + kept if p.exists()] == kept
+    assert f"Removed {stray[0]}, left by a checkpoint write that was killed" in caplog.text
+
+
+def test_local_path_rule():
+    assert reliability._is_local_path("/runs/a/last.ckpt")
+    assert reliability._is_local_path("file:///a.ckpt")
+    assert not reliability._is_local_path("s3://bucket/last.ckpt")
+
+
+def test_sigterm_flag_is_the_one_the_trainer_reads():
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
+    reliability._set_received_sigterm(trainer, True)
+    assert trainer.received_sigterm
+    reliability._set_received_sigterm(trainer, False)
+    assert not trainer.received_sigterm
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_says_how_to_resume_and_resumes_exactly(
+    tiny_data, tmp_path, reference_run, signum
+):
+    proc, err = _start_and_signal(tiny_data, tmp_path, signum)
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err
+    line = next(ln for ln in err.splitlines() if "Resume with: " in ln)
+    assert line.startswith(f"{signum.name}: stopped at epoch ")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert f"saved {last}" in line
+    command = shlex.split(line.split("Resume with: ", 1)[1])
+    assert command[0] == "python" and f"ckpt_path={last}" in command
+    subprocess.run(
+        [sys.executable, *command[1:]], check=True, env=ENV, capture_output=True, cwd=REPO
+    )
+    assert_same_weights(reference_run, tmp_path)
+    assert comparable(reference_run) == comparable(tmp_path)
+
+
+class SigtermDuringValidation(L.Callback):
+    """Sends this process SIGTERM in the middle of the first validation."""
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ):
+        if batch_idx == 0 and not trainer.sanity_checking and trainer.current_epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_sigterm_during_validation_stops_after_it_and_resumes_exactly(make_cfg, tmp_path):
+    common = (*EXACT, "trainer.max_epochs=2", "data.eval_batch_size=8")  # 3 validation batches
+    train(make_cfg(*common, f"run_dir={tmp_path / 'a'}"))
+    stopped = tmp_path / "b"
+    sig = f"+callbacks.sig._target_={__name__}.SigtermDuringValidation"
+    with pytest.raises(SystemExit) as e:
+        train(make_cfg(*common, sig, f"run_dir={stopped}"))
+    assert e.value.code == 128 + signal.SIGTERM
+    last = stopped / "checkpoints" / "last.ckpt"
+    val = torch.load(last, weights_only=False)["loops"]["fit_loop"][
+        "epoch_loop.val_loop.batch_progress"
+    ]
+    assert val["current"]["completed"] == 3  # saved after the whole validation, not inside it
+    train(make_cfg(*common, f"run_dir={stopped}", f"ckpt_path={last}"))
+    assert_same_weights(tmp_path / "a", stopped)
+    assert comparable(tmp_path / "a") == comparable(stopped)
+
+
+GUARD = (
+    "callbacks.non_finite.patience=3",
+    "callbacks.non_finite.check_every=2",
+    "callbacks.step_checkpoint.every_n_train_steps=2",
+)
+
+
+class PoisonInputs(L.Callback):
+    """Feeds inf images from optimizer step `start` on, for `steps` steps: the loss is NaN."""
+
+    def __init__(self, start: int, steps: int = 10**9) -> None:
+        self.start, self.steps = start, steps
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.start <= trainer.global_step < self.start + self.steps:
+            batch[0].fill_(float("inf"))
+
+
+def poison(start: int, steps: int = 10**9) -> tuple[str, ...]:
+    return (
+        f"+callbacks.poison._target_={__name__}.PoisonInputs",
+        f"+callbacks.poison.start={start}",
+        f"+callbacks.poison.steps={steps}",
+    )
+
+
+def finite_weights(path) -> bool:
+    ckpt = torch.load(path, weights_only=False)
+    net = {
+        k: v
+        for k, v in ckpt["state_dict"].items()
+        if k.startswith("net.") and v.is_floating_point()
+    }
+    return bool(net) and all(torch.isfinite(v).all() for v in net.values())
+
+
+# Epoch 0 is steps 1-11; inputs turn inf at step 14. 32-true: NaN gradients reach the weights,
+# so the step-14 checkpoint is refused; 16-mixed: the GradScaler skips those steps, the weights
+# stay finite and step 14 is saved.
+@pytest.mark.parametrize("precision, last_step", [("32-true", 12), ("16-mixed", 14)])
+def test_persistent_nan_loss_stops_and_keeps_last_good_checkpoint(
+    make_cfg, tmp_path, precision, last_step, caplog
+):
+    with pytest.raises(
+        NonFiniteLossError, match=r"non-finite for \d+ consecutive steps|weights became non-finite"
+    ) as e:
+        train(make_cfg(*GUARD, *poison(start=13), f"precision={precision}", "trainer.max_epochs=2"))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert f"the last good checkpoint is {last}" in str(e.value)
+    assert finite_weights(last) and torch.load(last, weights_only=False)["global_step"] == last_step
+    assert (
+        "non-finite training loss at step 14" in caplog.text
+    )  # steps count from 1 after the update
+    assert [p.name for p in tmp_path.glob("checkpoints/best-*.ckpt")] == ["best-epoch000.ckpt"]
+    assert finite_weights(tmp_path / "checkpoints" / "best-epoch000.ckpt")
+
+
+def test_a_short_burst_under_16_mixed_is_reported_but_not_fatal(make_cfg, caplog):
+    result = train(make_cfg(*GUARD, *poison(start=5, steps=2), "precision=16-mixed"))
+    assert "non-finite training loss at step 6" in caplog.text
+    assert result["test/acc"] >= 0
+
+
+def test_anomaly_names_the_backward_op_and_checks_the_loss_every_step(make_cfg, tmp_path):
+    with pytest.raises(RuntimeError, match="returned nan values"):
+        train(make_cfg("debug=anomaly", *poison(start=3), f"run_dir={tmp_path / 'a'}"))
+    # Without anomaly detection, the preset's every-step check stops at the first bad loss.
+    with pytest.raises(NonFiniteLossError, match="non-finite for 1 consecutive steps up to step 4"):
+        train(
+            make_cfg(
+                "debug=anomaly",
+                "trainer.detect_anomaly=false",
+                *poison(start=3),
+                f"run_dir={tmp_path / 'b'}",
+            )
+        )
+
+
+def test_the_printed_resume_command_drops_what_starts_a_run_from_other_weights(tmp_path):
+    """SIGTERM/Ctrl+C print how to resume: with ckpt_path, which refuses init_from."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from conftest import compose_cfg
+
+    cfg = compose_cfg("train", ["seed=3"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.overrides.task.append("init_from=a.ckpt")  # as the fine-tuning extra's key
+    HydraConfig.instance().set_config(cfg)
+    try:
+        command = reliability.resume_command(tmp_path / "last.ckpt", str(tmp_path))
+    finally:
+        HydraConfig.instance().cfg = None
+    assert "seed=3" in command and f"ckpt_path={tmp_path / 'last.ckpt'}" in command
+    assert "init_from" not in command
+
+
+def test_a_check_every_step_reads_only_its_own_host_copy(make_cfg, monkeypatch):
+    """The non-finite check's reads are of the counts it copied without waiting."""
+    from test_host_sync import _watch, unexplained
+
+    own = {
+        (
+            "cifar_amp/extras/reliability/reliability.py",
+            "values",
+        ): "StopOnNonFiniteLoss's own host copy, once it "
+        "has arrived (on CUDA a pinned buffer filled without waiting, read once its event fires)"
+    }
+    every = ("trainer.max_epochs=1", "callbacks.non_finite.check_every=1")
+    watch = _watch(make_cfg, monkeypatch, *every)
+    assert watch.found and not unexplained(watch.found, own)

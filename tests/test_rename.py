@@ -1,0 +1,69 @@
+"""`make rename NAME=<pkg>` (scripts/rename.py) on a copy of the repository: the fork trains one
+epoch, evaluates, and reads every checkpoint of tests/ under its new name."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cifar_amp import checkpoints
+from conftest import REPO
+
+OLD = checkpoints.__name__.split(".")[0]
+NEW = "renamed_fork"
+
+
+def copy_of_repo(dest: Path) -> Path:
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+    for rel in filter(None, tracked.stdout.decode().split("\0")):
+        if (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes((REPO / rel).read_bytes())
+    return dest
+
+
+@pytest.mark.slow
+def test_a_renamed_fork_trains_evaluates_and_reads_every_checkpoint(tmp_path, tiny_data):
+    fork = copy_of_repo(tmp_path / "fork")
+    subprocess.run([sys.executable, "scripts/rename.py", NEW], cwd=fork, check=True)
+    assert (fork / "src" / NEW).is_dir() and not (fork / "src" / OLD).exists()
+    left = [
+        str(p.relative_to(fork))
+        for p in fork.rglob("*")
+        if p.is_file() and p.suffix != ".ckpt" and OLD.encode() in p.read_bytes()
+    ]
+    assert not left
+    # This checkout's package may be on sys.path too (an editable install): hide it, so that
+    # only the fork's package and its Hydra plugin are found.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys, pathlib\n"
+        f"sys.path[:] = [p for p in sys.path if not (pathlib.Path(p) / {OLD!r}).is_dir()]\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{site}:{fork / 'src'}:{fork / 'tests'}"}
+    data = (f"data.data_dir={tiny_data}", "data.download=false", "trainer=cpu", "logger=none")
+    tiny = ("model=small_cnn", "model.width=8", "model.hidden=32", "data.batch_size=16")
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        p = subprocess.run(
+            [sys.executable, *argv], cwd=fork, env=env, capture_output=True, text=True
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p
+
+    run("train.py", "trainer.max_epochs=1", *data, *tiny, f"hydra.run.dir={tmp_path}/run")
+    assert (tmp_path / "run" / "metrics.json").is_file()
+    assets = sorted(fork.glob("tests/**/*.ckpt"))
+    assert len(assets) >= 3
+    for i, ckpt in enumerate([tmp_path / "run" / "checkpoints" / "last.ckpt", *assets]):
+        run("eval.py", f"ckpt_path={ckpt}", *data, f"hydra.run.dir={tmp_path}/eval{i}")
+        if ckpt in assets:
+            net = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["net"]
+            assert net["_target_"].startswith(f"{NEW}.")
+    # Not installed under its new name: no pip hint (none naming the template's distribution).
+    shown = run("-c", f"import {NEW}.errors as e; print(e.declared())")
+    assert shown.stdout.strip() == "{}"
