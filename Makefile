@@ -31,8 +31,9 @@ eval: $(TRAIN_STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
+# One process: these start processes of their own (DDP ranks, signals, sweeps) and time them.
 test-slow: $(STAMP)
-	$(PY) -m pytest -m slow $(ARGS)
+	$(PY) -m pytest -m slow -n 0 $(ARGS)
 
 test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 	$(PY) -m pytest -m gpu $(ARGS)

@@ -38,6 +38,11 @@ SHRINK = (
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
+# pytest-xdist runs one worker per core (addopts): a worker whose torch also used every core
+# would share each core with the other workers' threads, slower than one thread each.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 # Lightning strategy for tests on two CPU processes. Where CUDA exists, this pytest process
 # has already talked to the CUDA driver (torch.cuda.is_available() above, Lightning's device
 # lookup, GPU tests), and a forked child of such a process can crash: on an H100 box both
