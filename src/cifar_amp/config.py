@@ -1,5 +1,4 @@
-"""Config schemas made from the constructors they configure: a YAML naming `/schema/<class path>`
-in its defaults holds only what differs, and a typo or a wrong type fails at composition."""
+"""Schemas from the constructors they configure: a typo or wrong type fails at composition."""
 
 import collections
 import dataclasses

@@ -61,8 +61,7 @@ def write_json(path: Path, payload: dict) -> None:
 
 
 class ResumableModelCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint whose ranking survives a resume into a new `dirpath`: the ranked files are
-    copied in, the old run dir left as it is (if one is gone: ranked afresh, with a warning)."""
+    """ModelCheckpoint whose ranking survives a resume into a new `dirpath`, by copying files in."""
 
     @functools.cached_property
     def state_key(self) -> str:
