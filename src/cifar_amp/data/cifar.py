@@ -1,5 +1,4 @@
-"""CIFAR-10/100 in the official python format, decoded once into uint8 tensors on the device. Our
-download verifies the archive's checksum; a folder you supply is read as it is, file by file."""
+"""CIFAR-10/100's python format, decoded once to uint8 on the device; downloads checksum-checked."""
 
 import logging
 import pickle
@@ -21,8 +20,7 @@ AUGMENT = Augment()  # flip + 4-pixel translate
 
 
 def read_batch(path: Path, classes: int = 0) -> tuple[np.ndarray, np.ndarray | None, str | None]:
-    """A file in CIFAR's python format -> (N, 3, 32, 32) uint8 images, (N,) int64 labels (in
-    [0, classes) if `classes` > 0, else maybe None) and their key; a UserError names the file."""
+    """(N, 3, 32, 32) uint8 images, (N,) labels (< `classes` if set, else maybe None), their key."""
     if not path.is_file():
         raise UserError(f"missing data file {path}")
     try:
@@ -150,8 +148,7 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         self.val_split, self.seed, self.channels_last = val_split, seed, channels_last
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        # What the network expects, kept in checkpoints (`data_meta`) for predict and export
-        # (which verifies on `test_images`); the folder need not be downloaded yet.
+        # What the network expects, kept in checkpoints for predict and export (not downloaded yet).
         folder = self.spec.find(data_dir) or Path(data_dir) / self.spec.tv.base_folder
         test_images = str((folder / self.spec.files("test")[0]).resolve())
         self.meta = self.spec.meta(folder) | {"test_images": test_images}

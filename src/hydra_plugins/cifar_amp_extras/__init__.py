@@ -1,6 +1,5 @@
-"""Each extra, a folder src/cifar_amp/extras/<name>/, to Hydra: its configs/ joins the search
-path after configs/ (`logger=mlflow` is extras/tracking/configs/logger/mlflow.yaml), and its
-hydra_plugins/ joins this package, where Hydra's plugin scan finds the sweeps extra's sweeper."""
+"""Each extra (src/cifar_amp/extras/<name>/) to Hydra: its configs/ joins the search path after
+configs/, its hydra_plugins/ this package, where Hydra's plugin scan finds them."""
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
