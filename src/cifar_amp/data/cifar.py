@@ -47,7 +47,6 @@ def read_batch(path: Path, classes: int = 0) -> tuple[np.ndarray, np.ndarray | N
 
 class Spec(NamedTuple):
     tv: type  # the torchvision class whose url, md5, folder and file names we reuse
-    label_key: str  # of the batch files
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     classes: list[str]  # the official label names, for folders without a names file
@@ -110,12 +109,8 @@ porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk 
 snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
 tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split()
 SPECS = {
-    "cifar10": Spec(
-        CIFAR10, "labels", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10_NAMES
-    ),
-    "cifar100": Spec(
-        CIFAR100, "fine_labels", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100_NAMES
-    ),
+    "cifar10": Spec(CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10_NAMES),
+    "cifar100": Spec(CIFAR100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100_NAMES),
 }
 
 
