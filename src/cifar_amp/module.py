@@ -34,8 +34,7 @@ class ImageClassifier(LightningModule):
         self,
         net: Mapping,
         num_classes: int,
-        # With `params=`; `fused` (null: torch's): one kernel a step, no clipping under autocast.
-        optimizer: Mapping = SGD,
+        optimizer: Mapping = SGD,  # `fused`: one kernel a step, no clipping under autocast
         # Instantiated with `optimizer=` (and the run's `total_steps=` if it takes them), stepped
         scheduler: Optional[Mapping] = ONE_CYCLE,  # every optimizer step; null: a constant rate
         label_smoothing: float = 0.0,  # training loss only

@@ -92,14 +92,12 @@ class Precision:
             )
 
     def plugin(self, device: str) -> MixedPrecision:
-        """16-mixed's plugin: float16 autocast on `device`, a GradScaler of `scaler`. Lightning's
-        MixedPrecision unscales before clipping, unless a `fused` optimizer unscales in its step."""
+        """16-mixed's; it unscales before clipping, unless a `fused` optimizer does in its step."""
         return MixedPrecision("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
 
 
 def device_type(name) -> str:
-    """Autocast's device type for `trainer.accelerator` before the Trainer exists, as Lightning's
-    16-mixed picks it. Private: the connector's own choices for `auto` and `gpu`."""
+    """Autocast's device for `trainer.accelerator`, as Lightning's 16-mixed picks it (private)."""
     if name in (None, "auto"):
         name = _AcceleratorConnector._choose_auto_accelerator()
     if name == "gpu":

@@ -24,8 +24,7 @@ def warmup_steps(total_steps: int, pct_start: float, three_phase: bool = False) 
 
 
 class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
-    """torch's OneCycleLR in whole steps (its fractional peak divides by zero at 4 steps, 0.25);
-    `max_lr`: the optimizer's. A resume re-plans for a longer run, refuses a shorter one."""
+    """torch's OneCycleLR in whole steps: its fractional peak divides by zero at 4 steps, 0.25."""
 
     def __init__(
         self,

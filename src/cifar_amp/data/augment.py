@@ -67,8 +67,7 @@ def _reflect(k: Tensor, n: int) -> Tensor:  # reflect padding: an index < n past
 
 
 def flip_translate(images_hwc: Tensor, idx: Tensor, d: Draw) -> Tensor:
-    """Images `idx` (B, H, W, C), mirrored where `d.flip`, shifted by `d.shift` (reflect-padded):
-    one gather of the stored uint8 pixels, about 6x cheaper on CPU than float ops one by one."""
+    """Images `idx`, flipped and shifted (reflect): one uint8 gather, 6x cheaper on CPU than ops."""
     _, h, w, c = images_hwc.shape
     rows = _reflect(torch.arange(h, device=idx.device) + d.shift[:, :1], h)  # (B, H)
     # Mirroring then shifting by dx reads column (w - 1 - j) - dx of the original image.

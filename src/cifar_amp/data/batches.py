@@ -7,8 +7,7 @@ from cifar_amp.data import augment
 
 
 class DeviceBatches:
-    """(images normalised float32 NCHW, labels int64); order and augmentation depend on (seed,
-    epoch) only, and rank r of n takes every n-th sample of the epoch's order (even shards)."""
+    """(normalised float32 NCHW, int64 labels); rank r of n takes every n-th of an epoch's order."""
 
     def __init__(
         self,
@@ -32,8 +31,7 @@ class DeviceBatches:
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self.layout = torch.channels_last if channels_last else torch.contiguous_format
         self.images_hwc = images.permute(0, 2, 3, 1).contiguous() if train and augment_cfg else None
-        # Lightning calls `sampler.set_epoch` each epoch, as a DistributedSampler's (and reads
-        # `batch_sampler`).
+        # Lightning calls `sampler.set_epoch` as a DistributedSampler's, and reads `batch_sampler`.
         self.sampler, self.batch_sampler = self, None
         self.epoch = self.position = 0  # the epoch; batches handed out so far in it
         self._resume_at: dict | None = None  # from load_state_dict, for the next __iter__

@@ -1,5 +1,4 @@
-"""Each extra (src/cifar_amp/extras/<name>/) to Hydra: its configs/ joins the search path after
-configs/, its hydra_plugins/ this package, where Hydra's plugin scan finds them."""
+"""Each extra's configs/ on Hydra's search path, its hydra_plugins/ in this (scanned) package."""
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
