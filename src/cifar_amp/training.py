@@ -131,7 +131,6 @@ def report(run: Run, test_metrics: dict) -> dict:
 
 
 def results(cfg: DictConfig, result: dict) -> dict:
-    """`result`, written to `<run_dir>/metrics.json` and logged."""
     runs.write_json(Path(cfg.run_dir) / "metrics.json", result)
     log.info("Results: %s", json.dumps(result))
     return result

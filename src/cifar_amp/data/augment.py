@@ -40,7 +40,6 @@ def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Genera
 
 
 def draw(n: int, epoch: int, seed: int, cfg: Augment, device: torch.device, size: int = 32) -> Draw:
-    """Random choices for `n` images in `epoch`."""
     g = epoch_generator(seed, epoch, device)
     if cfg.alternate_flip:  # a fixed half flipped in even epochs, the other half in odd ones
         base = torch.rand(n, generator=epoch_generator(seed, -1, device), device=device) < 0.5
