@@ -35,8 +35,7 @@ class ImageClassifier(LightningModule):
         net: Mapping,
         num_classes: int,
         optimizer: Mapping = SGD,  # `fused`: one kernel a step, no clipping under autocast
-        # Instantiated with `optimizer=` (and the run's `total_steps=` if it takes them), stepped
-        scheduler: Optional[Mapping] = ONE_CYCLE,  # every optimizer step; null: a constant rate
+        scheduler: Optional[Mapping] = ONE_CYCLE,  # per step; total_steps= if taken; null: constant
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)
         compile: bool = False,  # torch.compile the network
