@@ -1,5 +1,4 @@
-"""Each config node built, its errors told on one line by key; what one part decides for another
-(classes, layout, run dir, tracked runs) passes here."""
+"""Each config node built, its errors one line by key; what one part decides for another passes."""
 
 import inspect
 import logging
@@ -62,8 +61,7 @@ def loggers(cfg: DictConfig, versions: dict | None = None) -> dict:
 
 
 def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), loggers=(), **overrides):
-    """The Trainer of `cfg.trainer` (`overrides` win), built with its precision's plugin; then
-    the layout and TF32 for the device it chose (Precision.setup)."""
+    """The Trainer of `cfg.trainer` (`overrides` win) with its precision's plugin, then set up."""
     t, prec = cfg.trainer, prec or precision(cfg)
     if (clip := t.get("gradient_clip_val")) is not None and clip < 0:
         raise UserError(f"invalid config value for trainer.gradient_clip_val: {clip}; must be >= 0")
@@ -97,8 +95,7 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
 
 
 def per_stage_ranks(strategy) -> str | None:
-    """The start method of `trainer.strategy` if its ranks are worker processes started anew for
-    each of fit and test: they hand back only weights and last metrics, losing the CSV log."""
+    """`trainer.strategy`'s start method if its ranks restart for fit and test (losing the log)."""
     if isinstance(strategy, str):
         strategy = StrategyRegistry[strategy]["init_params"] if strategy in StrategyRegistry else {}
     start = strategy.get("start_method") if isinstance(strategy, Mapping) else None
@@ -118,8 +115,7 @@ def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataM
 
 
 def module(cfg: DictConfig, num_classes: int, channels_last=False, data_meta=None):
-    # Not recursive: `net`, `optimizer` and `scheduler` stay configs: the module builds the
-    # network (keeping its config for checkpoints), configure_optimizers the others.
+    # Not recursive: the module builds `net` (keeping its config), configure_optimizers the rest.
     net = OmegaConf.to_container(cfg.model, resolve=True)
     args = dict(num_classes=num_classes, channels_last=channels_last, data_meta=data_meta)
     return build(cfg.module, "module", recursive=False, net=net, **args)

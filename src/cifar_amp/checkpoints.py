@@ -1,5 +1,4 @@
-"""Checkpoints, each read once per command, as data only: unpickling can run any code, and
-checkpoints are shared. `trust_checkpoint=true` lifts the rule for a file you trust."""
+"""Checkpoints, read once per command, as data only: unpickling runs code (trust_checkpoint)."""
 
 import inspect
 import re

@@ -87,8 +87,7 @@ def _values(arg: str, o) -> list[str]:
 
 
 def _check_entry_keys(argv: list[str], parsed: list, config_dir: Path, config_name: str) -> None:
-    """A train.py override given to eval, predict or export (Hydra advised `+model=...`, then
-    ignored it): whether the entry takes it from the checkpoint, and the entry's keys."""
+    """A train.py override given to another entry (Hydra would ignore it): where it comes from."""
     ours = set(hydra.compose(config_name))
     script = config_dir.parent / f"{config_name}.py"  # else `python -m` an extra's module:
     module = next(config.EXTRAS.glob(f"*/{config_name}.py"), config.EXTRAS / config_name)

@@ -1,5 +1,4 @@
-"""Config schemas made from the constructors they configure: a YAML naming `/schema/<class path>`
-in its defaults holds only what differs, and a typo or a wrong type fails at composition."""
+"""Schemas from the constructors they configure: a typo or wrong type fails at composition."""
 
 import collections
 import dataclasses
@@ -110,6 +109,5 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
             exclude = PASSED_BY_BUILD.get(f.relative_to(root).parts[0], ())
             for path in SCHEMA_LINE.findall(f.read_text()):
                 cs.store(group="schema", name=path, node=schema(get_object(path), exclude))
-    resolvers = {"metric": metrics.resolve, "run_id": lambda: RUN_ID}
-    for name, fn in resolvers.items():
-        OmegaConf.register_new_resolver(name, fn, replace=True)
+    OmegaConf.register_new_resolver("metric", metrics.resolve, replace=True)
+    OmegaConf.register_new_resolver("run_id", lambda: RUN_ID, replace=True)

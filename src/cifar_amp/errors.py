@@ -43,8 +43,7 @@ def fail(msg: str) -> None:
 
 @functools.cache
 def declared() -> dict[str, str]:
-    """pyproject.toml's packages by normalised name -> pip command; none where not installed.
-    The distribution is found by this package's name, so it follows a fork's rename."""
+    """pyproject.toml's packages by normalised name -> pip command (found by a fork's name too)."""
     out, dists = {}, importlib.metadata.packages_distributions().get(__name__.split(".")[0])
     for line in importlib.metadata.requires(dists[0]) or [] if dists else []:
         name, extra = re.match(r"[\w.-]+", line)[0], re.search(r'extra == "([^"]+)"', line)
@@ -55,8 +54,7 @@ def declared() -> dict[str, str]:
 
 
 def missing_package(e: BaseException) -> str | None:
-    """`<package>, which is not installed here: <pip command>` for an ImportError of a declared
-    package (by module name, or named in the message as Lightning's checks do); else None."""
+    """How to install the declared package an ImportError names (as module or in words), or None."""
     if isinstance(e, ImportError):
         names = e.name.split(".") if e.name else re.findall(r"[`']([A-Za-z][\w-]*)", str(e))
         for key in (n.lower().replace("_", "-") for n in names):

@@ -28,18 +28,14 @@ ONE_CYCLE = MappingProxyType(
 
 
 class ImageClassifier(LightningModule):
-    """Cross-entropy classification with the network that `net` (`_target_` + arguments) builds.
-    Steps only `update()` torchmetrics, on the device; each epoch computes and logs them once."""
+    """Cross-entropy classification by `net`; steps update metrics on device, epochs log them."""
 
     def __init__(
         self,
         net: Mapping,
         num_classes: int,
-        # Instantiated with `params=`. `fused: true` (null: torch's choice): one kernel per step,
-        # and no host read of the GradScaler's inf check (16-mixed); no clipping in 16-bit modes.
-        optimizer: Mapping = SGD,
-        # Instantiated with `optimizer=` (and the run's `total_steps=` if it takes them), stepped
-        scheduler: Optional[Mapping] = ONE_CYCLE,  # every optimizer step; null: a constant rate
+        optimizer: Mapping = SGD,  # `fused`: one kernel a step, no clipping under autocast
+        scheduler: Optional[Mapping] = ONE_CYCLE,  # per step; total_steps= if taken; null: constant
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)
         compile: bool = False,  # torch.compile the network
@@ -134,8 +130,7 @@ class ImageClassifier(LightningModule):
         self._log_epoch("test")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # At an epoch's end the training metrics hold its totals (logged); a resume from here
-        # starts the next epoch, so they are saved reset (in each copy of the state too: EMA's).
+        # At an epoch's end a resume starts the next: training metrics saved reset (in EMA's too).
         if self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             copies = (c for c in self.trainer.callbacks if isinstance(c, seams.ModelStateCopy))
             keys = {"state_dict", *(c.model_state_key for c in copies)}

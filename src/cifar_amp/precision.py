@@ -1,5 +1,4 @@
-"""`precision`: the plugin the Trainer is built with (16-mixed: with its GradScaler), then the
-layout and TF32 for the device the Trainer chose."""
+"""`precision`: the Trainer's plugin (16-mixed: its GradScaler), then layout and TF32 per device."""
 
 import logging
 from typing import Annotated, Optional
@@ -41,8 +40,7 @@ class Precision:
                 raise InvalidArgument(f"scaler.{key}", s[key], rule)
 
     def trainer_args(self, accelerator, strategy) -> dict:
-        """The Trainer's `precision` (Lightning makes the plugin), or under 16-mixed the plugin
-        with `scaler`, ours or the strategy's (Lightning's would drop it, and on CPU bf16 it)."""
+        """Under 16-mixed our plugin with `scaler` (Lightning's would drop it); else `precision`."""
         if self.name != "16-mixed":
             return {"precision": self.name}
         device = device_type(accelerator)
@@ -55,10 +53,8 @@ class Precision:
         return self.name in ("16-mixed", "bf16-mixed")
 
     def channels_last(self, device: str) -> bool:
-        """Unless set, each mode's faster layout: on CUDA every mode that runs on tensor cores
-        (the 16-bit ones, and 32-true with TF32: 1.57x NCHW's speed on an H100 at 25a5182,
-        ResNet-18 batch 512; in strict fp32 NCHW was 1.4% faster); on CPU all but float16
-        (oneDNN)."""
+        """Unless set, the faster layout: on CUDA with tensor cores (32-true+TF32: 1.57x NCHW's
+        speed, H100, ResNet-18 batch 512; strict fp32: 1.4% slower); on CPU all but float16."""
         if self._channels_last is not None:
             return self._channels_last
         if device == "cpu":
@@ -70,8 +66,7 @@ class Precision:
 
     def setup(self, trainer) -> None:
         """For the device the Trainer chose: TF32, the layout, a log line."""
-        # Lightning refuses our plugin under its FSDP (FSDPStrategy.precision_plugin's setter),
-        # not under its DeepSpeed, whose engine would bypass it.
+        # Lightning's FSDP refuses our plugin; its DeepSpeed takes it, and its engine bypasses it.
         deepspeed = isinstance(trainer.strategy, DeepSpeedStrategy)
         if deepspeed and type(trainer.precision_plugin) is MixedPrecision:
             raise UserError(
@@ -97,21 +92,12 @@ class Precision:
             )
 
     def plugin(self, device: str) -> MixedPrecision:
-        """16-mixed's plugin: float16 autocast on a `device` type, and a GradScaler of `scaler`.
-        A step under it, in the order of Lightning's MixedPrecision (lightning/pytorch/plugins/
-        precision/amp.py: pre_backward, optimizer_step): backward of scaler.scale(loss);
-        scaler.unscale_(optimizer), unless the optimizer unscales in its step (`fused`); then
-        (precision.py: _after_closure) on_before_optimizer_step hooks and clip_gradients on the
-        unscaled gradients (trainer.gradient_clip_val; with `fused`, build.trainer refuses it);
-        scaler.step(optimizer), skipped if a gradient is inf/NaN; scaler.update()."""
+        """16-mixed's; it unscales before clipping, unless a `fused` optimizer does in its step."""
         return MixedPrecision("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
 
 
 def device_type(name) -> str:
-    """The device type of autocast for `trainer.accelerator`, before the Trainer exists, as
-    Lightning picks it for precision="16-mixed": its accelerator choice (`auto`, `gpu`), then
-    cpu or mps as named, any other `cuda` (accelerator_connector.py, _check_and_init_precision)."""
-    # Private: the connector's own choices for `auto` and `gpu`, by what is available here.
+    """Autocast's device for `trainer.accelerator`, as Lightning's 16-mixed picks it (private)."""
     if name in (None, "auto"):
         name = _AcceleratorConnector._choose_auto_accelerator()
     if name == "gpu":

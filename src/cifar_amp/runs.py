@@ -21,8 +21,7 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def claim(run_dir: str, resuming: bool):
-    """Hold `run_dir` for the run's life (rank 0; an OS lock, freed by a kill too), refuse a used
-    one unless resuming, keep its metrics.csv as metrics.<n>.csv (the CSVLogger would delete it)."""
+    """Hold `run_dir` (an OS lock), refuse a used one unless resuming, keep CSVLogger's old log."""
     if rank_zero_only.rank != 0:
         yield
         return
@@ -61,8 +60,7 @@ def write_json(path: Path, payload: dict) -> None:
 
 
 class ResumableModelCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint whose ranking survives a resume into a new `dirpath`: the ranked files are
-    copied in, the old run dir left as it is (if one is gone: ranked afresh, with a warning)."""
+    """ModelCheckpoint whose ranking survives a resume into a new `dirpath`, by copying files in."""
 
     @functools.cached_property
     def state_key(self) -> str:

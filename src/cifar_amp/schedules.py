@@ -1,5 +1,4 @@
-"""A one-cycle learning-rate schedule planned in whole optimizer steps, for runs of any length
-and for resumes that change the length. See docs/reliability.md ("Schedules")."""
+"""One-cycle learning rates in whole steps, for any run length and resumes that change it."""
 
 import bisect
 import logging
@@ -25,9 +24,7 @@ def warmup_steps(total_steps: int, pct_start: float, three_phase: bool = False) 
 
 
 class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
-    """torch's OneCycleLR (`max_lr` defaults to the optimizer's rate) in whole steps: torch's
-    fractional peak divides by zero for e.g. 4 steps at `pct_start=0.25`. A resume into a run of
-    another length continues on its plan from the step reached; a shorter one is refused."""
+    """torch's OneCycleLR in whole steps: its fractional peak divides by zero at 4 steps, 0.25."""
 
     def __init__(
         self,
@@ -53,8 +50,7 @@ class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
         ends = [w, 2 * w, last] if len(phases) == 3 else [w, last]  # on whole steps here
         i = min(bisect.bisect_left(ends, step), len(ends) - 1)
         start, end, phase = ends[i - 1] if i else 0, ends[i], phases[i]
-        # A phase of no length is at its end; past the last step (the scheduler steps once
-        # after the final optimizer step) the rate stays at its final value.
+        # A phase of no length is at its end; past the last step the rate stays at its last.
         pct = 1.0 if end == start else min(1.0, (step - start) / (end - start))
         lrs = []
         for group in self.optimizer.param_groups:

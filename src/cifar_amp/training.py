@@ -74,8 +74,7 @@ def build_run(cfg: DictConfig) -> Run:
 
 @contextlib.contextmanager
 def guard(run: Run):
-    """Hold the run dir (refused if another run holds or used it), record the resolved config
-    there and give it to every logger; checkpoints load as data only (checkpoints.py)."""
+    """Hold the run dir, record the resolved config there and in every logger; load data only."""
     safe = torch.serialization.safe_globals(checkpoints.SAFE_TYPES)
     with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None), safe:
         runs.save_config(run.cfg)
@@ -132,7 +131,6 @@ def report(run: Run, test_metrics: dict) -> dict:
 
 
 def results(cfg: DictConfig, result: dict) -> dict:
-    """`result`, written to `<run_dir>/metrics.json` and logged."""
     runs.write_json(Path(cfg.run_dir) / "metrics.json", result)
     log.info("Results: %s", json.dumps(result))
     return result

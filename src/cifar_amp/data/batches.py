@@ -1,5 +1,4 @@
-"""Batches drawn from tensors that already live on the training device (a batch is one index op,
-not DataLoader's collation on the host), and the loader position checkpointed for exact resume."""
+"""Batches indexed from tensors on the training device (no host collation), resumable exactly."""
 
 import torch
 from torch import Tensor
@@ -8,8 +7,7 @@ from cifar_amp.data import augment
 
 
 class DeviceBatches:
-    """(images normalised float32 NCHW, labels int64); order and augmentation depend on (seed,
-    epoch) only, and rank r of n takes every n-th sample of the epoch's order (even shards)."""
+    """(normalised float32 NCHW, int64 labels); rank r of n takes every n-th of an epoch's order."""
 
     def __init__(
         self,
@@ -33,8 +31,7 @@ class DeviceBatches:
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self.layout = torch.channels_last if channels_last else torch.contiguous_format
         self.images_hwc = images.permute(0, 2, 3, 1).contiguous() if train and augment_cfg else None
-        # Lightning calls `sampler.set_epoch(epoch)` before each epoch (after a resume, with the
-        # restored epoch), as for a DistributedSampler; it looks for `batch_sampler` beside it.
+        # Lightning calls `sampler.set_epoch` as a DistributedSampler's, and reads `batch_sampler`.
         self.sampler, self.batch_sampler = self, None
         self.epoch = self.position = 0  # the epoch; batches handed out so far in it
         self._resume_at: dict | None = None  # from load_state_dict, for the next __iter__
@@ -73,8 +70,7 @@ class DeviceBatches:
         x = x.contiguous(memory_format=self.layout).float().sub_(self.mean).div_(self.std)
         return augment.cutout(x, d.cutout, self.augment_cfg.cutout), self.labels[idx]
 
-    # Lightning's fit loop saves this in every checkpoint, and loads it to resume an unfinished
-    # epoch; it does not prefetch from a sized loader, so `position` is the batches trained.
+    # In each checkpoint; Lightning prefetches no sized loader: `position` is the batches trained.
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 
@@ -83,14 +79,12 @@ class DeviceBatches:
 
 
 class RestoresTrainLoader:
-    """A LightningDataModule mixin (listed first in the bases) that keeps its training loader's
-    position in its own checkpoint state (the fit loop's restore skips a loader built early)."""
+    """DataModule mixin (first base) checkpointing its train loader, which Lightning may skip."""
 
     _train = None  # the training loader last built
     _train_state: dict | None = None  # from a checkpoint, for the next loader built
 
     def _restored(self, loader):
-        """`loader`, now the training loader, at the checkpoint's position if there is one."""
         self._train = loader
         self.load_state_dict({"train_loader": self._train_state})
         return loader

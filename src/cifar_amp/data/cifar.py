@@ -1,5 +1,4 @@
-"""CIFAR-10/100 in the official python format, decoded once into uint8 tensors on the device. Our
-download verifies the archive's checksum; a folder you supply is read as it is, file by file."""
+"""CIFAR-10/100's python format, decoded once to uint8 on the device; downloads checksum-checked."""
 
 import logging
 import pickle
@@ -21,8 +20,7 @@ AUGMENT = Augment()  # flip + 4-pixel translate
 
 
 def read_batch(path: Path, classes: int = 0) -> tuple[np.ndarray, np.ndarray | None, str | None]:
-    """A file in CIFAR's python format -> (N, 3, 32, 32) uint8 images, (N,) int64 labels (in
-    [0, classes) if `classes` > 0, else maybe None) and their key; a UserError names the file."""
+    """(N, 3, 32, 32) uint8 images, (N,) labels (< `classes` if set, else maybe None), their key."""
     if not path.is_file():
         raise UserError(f"missing data file {path}")
     try:
@@ -49,7 +47,6 @@ def read_batch(path: Path, classes: int = 0) -> tuple[np.ndarray, np.ndarray | N
 
 class Spec(NamedTuple):
     tv: type  # the torchvision class whose url, md5, folder and file names we reuse
-    label_key: str  # of the batch files
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     classes: list[str]  # the official label names, for folders without a names file
@@ -112,12 +109,8 @@ porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk 
 snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
 tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split()
 SPECS = {
-    "cifar10": Spec(
-        CIFAR10, "labels", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10_NAMES
-    ),
-    "cifar100": Spec(
-        CIFAR100, "fine_labels", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100_NAMES
-    ),
+    "cifar10": Spec(CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10_NAMES),
+    "cifar100": Spec(CIFAR100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100_NAMES),
 }
 
 
@@ -150,8 +143,7 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         self.val_split, self.seed, self.channels_last = val_split, seed, channels_last
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        # What the network expects, kept in checkpoints (`data_meta`) for predict and export
-        # (which verifies on `test_images`); the folder need not be downloaded yet.
+        # What the network expects, kept in checkpoints for predict and export (not downloaded yet).
         folder = self.spec.find(data_dir) or Path(data_dir) / self.spec.tv.base_folder
         test_images = str((folder / self.spec.files("test")[0]).resolve())
         self.meta = self.spec.meta(folder) | {"test_images": test_images}

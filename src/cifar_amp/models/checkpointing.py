@@ -1,5 +1,4 @@
-"""Activation checkpointing of every k-th block or of whole stages (the early, high-resolution
-ones hold most activations) by :func:`run_blocks` in forward: the same state-dict keys on or off."""
+"""Activation checkpointing of every k-th block or of whole stages: state-dict keys unchanged."""
 
 import contextlib
 import itertools
@@ -33,8 +32,7 @@ class Chain:
 
 @contextlib.contextmanager
 def _stats_to_scratch(block: nn.Module | Chain):
-    """The recompute's BatchNorm running-stat updates go to throwaway copies (else the stats move
-    twice a step); with tracking off instead, it saves fewer tensors and checkpoint() raises."""
+    """The recompute's BatchNorm stat updates go to copies: the stats would move twice a step."""
     bns = [m for m in block.modules() if isinstance(m, _BATCH_NORM) and m.track_running_stats]
     kept = [(m, k, getattr(m, k)) for m in bns for k in _STATS]
     for m, k, t in kept:
@@ -58,8 +56,7 @@ def run_blocks(blocks: Iterable[nn.Module | Chain], x: Tensor, recompute: Contai
 
 
 def recomputed(stage_sizes: Sequence[int], every: int, stages: Sequence[int]) -> frozenset[int]:
-    """The blocks to recompute: 0, k, 2k, ... for `every` = k > 0 (`activation_checkpointing`),
-    or those of `stages` (`checkpoint_stages`); `stage_sizes`: blocks per stage, in order."""
+    """Blocks to recompute: 0, k, 2k, ... for `every` = k > 0, else every block of `stages`."""
     n, stages = len(stage_sizes), list(stages)
     if every < 0:
         raise InvalidArgument("activation_checkpointing", every, "must be >= 0 (0 = off)")

@@ -4,8 +4,7 @@ from cifar_amp.models.checkpointing import recomputed, run_blocks
 
 
 class SmallCNN(nn.Module):
-    """The classic AMP-tutorial network: two 3x3 conv + pool stages, two linear layers. The head
-    reads an 8x8 feature map (what a 32x32 image leaves); other sizes are average-pooled to it."""
+    """The AMP tutorial's network: two conv + pool stages, two linear layers on an 8x8 map."""
 
     def __init__(
         self,

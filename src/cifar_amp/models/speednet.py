@@ -4,10 +4,7 @@ from cifar_amp.models.checkpointing import Chain, recomputed, run_blocks
 
 
 class SpeedNet(nn.Module):
-    """A fast CIFAR net in the spirit of the public speed-run scripts (about 2M parameters at the
-    default widths): a 2x2 patch stem, three conv-pool-BN-GELU groups, a max-pool head. Blocks,
-    for activation checkpointing: the stem, then one per group. Stages: one per group (the first
-    holds the stem too), highest resolution first."""
+    """The speed-run scripts' net (about 2M parameters); its stem is block 0, in stage 0."""
 
     def __init__(
         self,

@@ -1,6 +1,4 @@
-"""Each extra, a folder src/cifar_amp/extras/<name>/, to Hydra: its configs/ joins the search
-path after configs/ (`logger=mlflow` is extras/tracking/configs/logger/mlflow.yaml), and its
-hydra_plugins/ joins this package, where Hydra's plugin scan finds the sweeps extra's sweeper."""
+"""Each extra's configs/ on Hydra's search path, its hydra_plugins/ in this (scanned) package."""
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin

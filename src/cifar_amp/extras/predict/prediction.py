@@ -152,7 +152,7 @@ def read_batch_file(path: Path, meta: dict, num_classes: int) -> Inputs:
             f"input={path} is neither an image ({', '.join(SUFFIXES)}) nor a CIFAR batch file ({e})"
         ) from e
     ours = meta.get("class_names")
-    spec = next((s for s in SPECS.values() if s.label_key == key), None)
+    spec = SPECS.get({"labels": "cifar10", "fine_labels": "cifar100"}.get(key))  # by label key
     theirs = spec and spec.meta(path.parent)["class_names"]
     if theirs is not None and (list(theirs) != list(ours) if ours else len(theirs) != num_classes):
         trained = f"{num_classes}" + (f": {', '.join(ours[:3])}, ..." if ours else "")
