@@ -1,0 +1,6 @@
+"""The multirun extra: In a `-m` sweep, a job whose values are wrong fails alone (one line in its
+`error.txt`, NaN to the sweeper), on any DDP rank, and its ranks end with it; the sweep ends
+with a summary naming the failed jobs, exit 2. Without it, a sweep stops at its first failed
+job; DDP jobs in a sweep need it."""
+
+NEEDS = ()  # the extras it uses (docs/fork.md); none: it stands alone
