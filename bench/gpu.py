@@ -295,7 +295,8 @@ def _measured(window, batch: int, device) -> dict:
     off CUDA, the process's peak RSS instead."""
     from cifar_amp.extras.diagnostics.diagnostics import peak_rss_mb
 
-    step = window.step_seconds
+    if (step := window and window.step_seconds) is None:  # fit stopped early
+        return {"skipped": "the run stopped before its timed steps ended"}
     cuda = device.type == "cuda"
     return {
         "step_ms": 1e3 * step,

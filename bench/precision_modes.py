@@ -216,7 +216,8 @@ def run_case(case: dict, warmup: int, datamodules: dict | None = None) -> dict:
         return {"skipped": "out of memory"}
     finally:
         dm.trainer = None  # a reused DataModule must not keep this case's model alive
-    step = meter.memory.step_seconds
+    if (step := meter.memory and meter.memory.step_seconds) is None:  # fit stopped early
+        return {"skipped": "the run stopped before its timed steps ended"}
     skipped = trainer.callback_metrics.get(SKIPPED_STEPS)
     return {
         "step_ms": 1000 * step,
