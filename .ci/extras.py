@@ -7,9 +7,11 @@ of the repository (its tracked files, minus the deleted ones):
 - the core alone (every extra deleted) passes every remaining default test, i.e. the core's;
 - the core and one extra (with the extras it needs, nothing else) passes that extra's tests.
 
-Each copy also trains the default recipe for one epoch. With `make test` (everything present)
-this covers deleting any one extra or all of them: the core passes without any extra, and every
-other extra passes with none of the others. It costs one run of the tests, not one per extra.
+Each copy also trains the default recipe for one epoch (tests/test_default_recipe.py, in the
+core's tests and beside each extra's). With `make test` (everything present) this covers deleting
+any one extra or all of them: the core passes without any extra, and every other extra passes
+with none of the others. It costs one run of the tests, not one per extra; the copies run side by
+side, one per core.
 
     python .ci/extras.py [name ...]      # default: the core alone, then each extra alone
     python .ci/extras.py --docs          # rewrite docs/fork.md's table of extras from the tree
@@ -28,11 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRAS = next((REPO / "src").glob("*/extras"))  # src/<pkg>/extras, whatever <pkg> is called
 DOCS = REPO / "docs" / "fork.md"
+DEFAULT_RECIPE = "tests/test_default_recipe.py"  # a copy with an extra trains it too
 TABLE = re.compile(r"(<!-- extras: .*? -->\n).*?(<!-- end of extras -->)", re.S)
 
 
@@ -109,59 +113,27 @@ def copy_without(paths: list[str], dest: Path) -> None:
         sys.exit(f"extras name paths that do not exist: {', '.join(missing)}")
 
 
-def check(label: str, paths: list[str], tests: list[str]) -> bool:
-    """`tests`: the test files and folders to run in the copy (none: the whole default run)."""
+def check(label: str, paths: list[str], tests: list[str]) -> tuple[bool, str]:
+    """`tests`: the test files and folders to run in the copy (none: the whole default run),
+    in one process: a copy's few tests pay less for one import of torch and Lightning than for
+    xdist's three (its controller's and two workers'), and `main` runs copies side by side."""
     with tempfile.TemporaryDirectory(prefix="extras-") as tmp:
         copy = Path(tmp) / "repo"
         copy_without(paths, copy)
-        env = {**os.environ, "PYTHONPATH": str(copy / "src")}
         start = time.perf_counter()
-        tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider"]
+            + [*tests, *([DEFAULT_RECIPE] if tests else [])],
             cwd=copy,
-            env=env,
+            env={**os.environ, "PYTHONPATH": str(copy / "src")},
             capture_output=True,
             text=True,
         )
-        data = Path(tmp) / "data"
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                f"from cifar_folder import write_cifar_folder as w; w(__import__('pathlib').Path('{data}'))",
-            ],
-            cwd=copy / "tests",
-            env=env,
-            check=True,
-        )
-        fit = subprocess.run(
-            [
-                sys.executable,
-                "train.py",
-                "trainer.max_epochs=1",
-                f"data.data_dir={data}",
-                "data.download=false",
-            ]
-            + [f"hydra.run.dir={tmp}/run", "trainer.enable_progress_bar=false"],
-            cwd=copy,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        ok = (
-            tests.returncode == 0
-            and fit.returncode == 0
-            and (Path(tmp) / "run" / "metrics.json").is_file()
-        )
-        summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
-        print(
-            f"{'ok  ' if ok else 'FAIL'} {label}: tests: {summary}; default recipe, 1 epoch: "
-            f"exit {fit.returncode} ({time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-        if not ok:
-            print((tests.stdout + tests.stderr)[-4000:], fit.stderr[-2000:], sep="\n", flush=True)
-        return ok
+    summary = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
+    out = f"{'ok  ' if run.returncode == 0 else 'FAIL'} {label}: {summary} ({time.perf_counter() - start:.0f} s)"
+    if run.returncode:
+        out += "\n" + (run.stdout + run.stderr)[-4000:]
+    return run.returncode == 0, out
 
 
 def main(argv: list[str]) -> int:
@@ -186,7 +158,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     every = [p for paths, _, _ in table.values() for p in paths]
-    results = [] if argv else [check("the core alone (no extras)", every, [])]
+    checks = [] if argv else [("the core alone (no extras)", every, [])]
     for name in argv or table:
         kept = needed(name, table)
         label = " + ".join(["the core", name, *sorted(kept - {name})])
@@ -195,7 +167,12 @@ def main(argv: list[str]) -> int:
         tests = [f"{p}/tests" if p == "bench" else p for p in tests]
         if not tests:
             sys.exit(f"the extra {name} has no tests of its own (tests/extras/{name}/)")
-        results.append(check(label, gone, tests))
+        checks.append((label, gone, tests))
+    with ThreadPoolExecutor(os.cpu_count()) as pool:  # the core's (the longest) first
+        results = []
+        for ok, out in pool.map(lambda c: check(*c), checks):
+            print(out, flush=True)
+            results.append(ok)
     return 0 if all(results) else 1
 
 
