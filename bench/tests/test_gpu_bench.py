@@ -20,6 +20,7 @@ from bench import gpu_table as T
 from conftest import requires_cuda
 
 
+@pytest.mark.slow  # each section in a process of its own: about 14 s on the 2-core box
 def test_dry_run_prints_the_table_and_rewrites_the_record(tmp_path, capsys):
     doc = tmp_path / "benchmarks-gpu.md"
     doc.write_text(f"# GPU\n\nbefore\n\n{T.START}\nan older record\n{T.END}\n\nafter\n")

@@ -6,7 +6,6 @@ import sys
 
 import huggingface_hub
 import pytest
-import timm
 import torch
 from safetensors.torch import save_file
 
@@ -44,6 +43,8 @@ def test_pretrained_without_network_says_how_to_use_a_local_file(monkeypatch):
 
 
 def test_pretrained_path_loads_a_local_file_and_checkpoints_need_it_no_more(make_cfg, tmp_path):
+    import timm  # here: importing it (and wandb, which it imports) costs each xdist worker ~1.4 s
+
     source = timm.create_model(NAME)  # 1000 classes, as ImageNet weights are
     weights = tmp_path / "weights.safetensors"
     save_file(source.state_dict(), weights)
