@@ -1,13 +1,12 @@
-"""Every hook the core calls on an object an extra makes, a base class each: the core calls a hook
-only on an instance of it, so a grep for the class finds the call and every implementation. Each
-docstring ends with the extras that implement it (tests/test_seams.py keeps the lists true)."""
+"""Every hook the core calls on an object an extra makes, a base class each, whose docstring names
+the extras that implement it (tests/test_seams.py checks): the core calls a hook only on an
+instance of it, so a grep for the class finds the call and every implementation."""
 
 from abc import ABC, abstractmethod
 
 
 class BeforeRun(ABC):
     """Callback: with all built and nothing written, it may refuse the run or change the weights.
-
     Implemented by: extras/finetune (FineTune), extras/guards (TrainerGuards)."""
 
     @abstractmethod
@@ -16,7 +15,6 @@ class BeforeRun(ABC):
 
 class StopSignal(ABC):
     """Callback that turns a signal into Lightning's graceful stop; the command exits 128 + it.
-
     Implemented by: extras/reliability (SaveOnSignal)."""
 
     signum: int | None
@@ -24,7 +22,6 @@ class StopSignal(ABC):
 
 class ModelStateCopy(ABC):
     """Callback checkpointing a state-dict copy at `model_state_key`, edited as `state_dict` is.
-
     Implemented by: extras/speedrun (EMA)."""
 
     model_state_key: str
@@ -32,7 +29,6 @@ class ModelStateCopy(ABC):
 
 class FollowsCheckpoint(ABC):
     """`precision`, told the mode of the checkpoint a command starts from before its check.
-
     Implemented by: extras/auto_precision (AutoPrecision)."""
 
     @abstractmethod
@@ -41,7 +37,6 @@ class FollowsCheckpoint(ABC):
 
 class Float16Plugin(ABC):
     """Strategy that takes only its own plugins: under 16-mixed, one of `precision.scaler`.
-
     Implemented by: extras/sharding (FSDPStrategy, DeepSpeedStrategy)."""
 
     @abstractmethod
@@ -50,7 +45,6 @@ class Float16Plugin(ABC):
 
 class JobRunner(ABC):
     """Hydra callback at `hydra.callbacks.job_runner`: cli.job runs each job by `run_job`.
-
     Implemented by: extras/multirun (SweepJobs)."""
 
     @classmethod
