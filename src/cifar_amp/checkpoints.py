@@ -17,25 +17,22 @@ except ImportError:
     compat = None
 
 SETTINGS, TRACKERS = "run_settings", "tracker_runs"  # top-level keys the template adds
-# What weights_only loads beyond plain data: all a template checkpoint holds (none so far).
-SAFE_TYPES: list = []
 
 
 def few(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
-def mismatch(saved: dict, ours: dict, head_ok=lambda k, a, b: False) -> tuple[list[str], list[str]]:
-    """How state dict `saved` differs from `ours`, and the shape changes `head_ok` accepts apart."""
+def mismatch(saved: dict, ours: dict) -> list[str]:
+    """How state dict `saved` differs from `ours`: one phrase per kind, naming the first keys."""
     shapes = {k: (tuple(saved[k].shape), tuple(v.shape)) for k, v in ours.items() if k in saved}
-    heads = [k for k, (a, b) in shapes.items() if a != b and head_ok(k, saved[k], ours[k])]
-    bad = [f"{k} {a} vs {b}" for k, (a, b) in shapes.items() if a != b and k not in heads]
+    bad = [f"{k} {a} vs {b}" for k, (a, b) in shapes.items() if a != b]
     found = {
         "missing from the checkpoint": sorted(set(ours) - set(saved)),
         "not in this model": sorted(set(saved) - set(ours)),
         "shapes (checkpoint vs model)": bad,
     }
-    return [f"{what}: {few(keys)}" for what, keys in found.items() if keys], heads
+    return [f"{what}: {few(keys)}" for what, keys in found.items() if keys]
 
 
 def run_settings(cfg) -> dict:
@@ -57,8 +54,7 @@ class Checkpoint:
             valid = ", or one of last, hpc" if key == "ckpt_path" else ""
             raise UserError(f"{self.where}: no such file (valid: a .ckpt file{valid})")
         try:  # mmap: reads only the index now, tensors on demand
-            with torch.serialization.safe_globals(SAFE_TYPES):
-                data = torch.load(path, map_location="cpu", weights_only=not trust, mmap=True)
+            data = torch.load(path, map_location="cpu", weights_only=not trust, mmap=True)
         except Exception as e:  # unpickling or zip errors
             if "Weights only load failed" not in str(e):
                 raise UserError(f"{self.where} is truncated or not a checkpoint ({e!r})") from e
@@ -88,7 +84,7 @@ class Checkpoint:
             raise UserError(
                 f"{self.where} was trained for {theirs} classes; data.dataset has {num_classes}"
             )
-        if problems := mismatch(self.data["state_dict"], module.state_dict())[0]:
+        if problems := mismatch(self.data["state_dict"], module.state_dict()):
             raise UserError(
                 f"{self.where} does not fit this model (check model=...): " + "; ".join(problems)
             )

@@ -8,9 +8,6 @@ VAL_ACC_BEST = "val/acc_best"
 TEST_LOSS = "test/loss"
 TEST_ACC = "test/acc"
 PRECISION = "precision"  # the mode trained in (precision=auto: the one it chose)
-# precision=auto's probe: PRECISION_PROBE/<mode> = a candidate's images/s (null: loss not finite)
-PRECISION_PROBE = "precision_probe"
-PRECISION_PROBE_BATCH = "precision_probe/batch"  # the images of each probe step (the run's batch)
 EPOCHS = "epochs"
 FIT_SECONDS = "fit_seconds"  # wall time of trainer.fit: set-up, training, validation, checkpoints
 TESTED_CKPT = "tested_ckpt"

@@ -43,7 +43,12 @@ class Precision:
         """Under 16-mixed our plugin with `scaler` (Lightning's would drop it); else `precision`."""
         if self.name != "16-mixed":
             return {"precision": self.name}
-        device = device_type(accelerator)
+        # Autocast's device, as Lightning's 16-mixed picks it from `trainer.accelerator` (private)
+        if accelerator in (None, "auto"):
+            accelerator = _AcceleratorConnector._choose_auto_accelerator()
+        if accelerator == "gpu":
+            accelerator = _AcceleratorConnector._choose_gpu_accelerator_backend()
+        device = accelerator if accelerator in ("cpu", "mps") else "cuda"
         if isinstance(strategy, seams.Float16Plugin):
             return {"plugins": [strategy.float16_plugin(self.scaler, device)]}
         return {"plugins": [self.plugin(device)]}
@@ -94,12 +99,3 @@ class Precision:
     def plugin(self, device: str) -> MixedPrecision:
         """16-mixed's; it unscales before clipping, unless a `fused` optimizer does in its step."""
         return MixedPrecision("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
-
-
-def device_type(name) -> str:
-    """Autocast's device for `trainer.accelerator`, as Lightning's 16-mixed picks it (private)."""
-    if name in (None, "auto"):
-        name = _AcceleratorConnector._choose_auto_accelerator()
-    if name == "gpu":
-        name = _AcceleratorConnector._choose_gpu_accelerator_backend()
-    return name if name in ("cpu", "mps") else "cuda"

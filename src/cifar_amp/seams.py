@@ -1,44 +1,51 @@
-"""Every hook the core calls on an object an extra makes, a base class each: the core calls a hook
-only on an instance of it, so a grep for the class finds the call and every implementation."""
+"""Every hook the core calls on an object an extra makes, a base class each, whose docstring names
+the extras that implement it (tests/test_seams.py checks): the core calls a hook only on an
+instance of it, so a grep for the class finds the call and every implementation."""
 
 from abc import ABC, abstractmethod
 
 
 class BeforeRun(ABC):
-    """Callback: with all built and nothing written, it may refuse the run or change the weights."""
+    """Callback: with all built and nothing written, it may refuse the run or change the weights.
+    Implemented by: extras/finetune (FineTune), extras/guards (TrainerGuards)."""
 
     @abstractmethod
     def before_run(self, trainer, module) -> None: ...
 
 
 class StopSignal(ABC):
-    """Callback that turns a signal into Lightning's graceful stop; the command exits 128 + it."""
+    """Callback that turns a signal into Lightning's graceful stop; the command exits 128 + it.
+    Implemented by: extras/reliability (SaveOnSignal)."""
 
     signum: int | None
 
 
 class ModelStateCopy(ABC):
-    """Callback checkpointing a state-dict copy at `model_state_key`, edited as `state_dict` is."""
+    """Callback checkpointing a state-dict copy at `model_state_key`, edited as `state_dict` is.
+    Implemented by: extras/speedrun (EMA)."""
 
     model_state_key: str
 
 
 class FollowsCheckpoint(ABC):
-    """`precision`, told the mode of the checkpoint a command starts from before its check."""
+    """`precision`, told the mode of the checkpoint a command starts from before its check.
+    Implemented by: extras/auto_precision (AutoPrecision)."""
 
     @abstractmethod
     def adopt(self, recorded: str | None) -> None: ...
 
 
 class Float16Plugin(ABC):
-    """Strategy that takes only its own plugins: under 16-mixed, one of `precision.scaler`."""
+    """Strategy that takes only its own plugins: under 16-mixed, one of `precision.scaler`.
+    Implemented by: extras/sharding (FSDPStrategy, DeepSpeedStrategy)."""
 
     @abstractmethod
     def float16_plugin(self, scaler: dict, device: str): ...
 
 
 class JobRunner(ABC):
-    """Hydra callback at `hydra.callbacks.job_runner`: cli.job runs each job by `run_job`."""
+    """Hydra callback at `hydra.callbacks.job_runner`: cli.job runs each job by `run_job`.
+    Implemented by: extras/multirun (SweepJobs)."""
 
     @classmethod
     @abstractmethod

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -75,8 +74,7 @@ def build_run(cfg: DictConfig) -> Run:
 @contextlib.contextmanager
 def guard(run: Run):
     """Hold the run dir, record the resolved config there and in every logger; load data only."""
-    safe = torch.serialization.safe_globals(checkpoints.SAFE_TYPES)
-    with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None), safe:
+    with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None):
         runs.save_config(run.cfg)
         for lg in run.trainer.loggers:
             lg.log_hyperparams(OmegaConf.to_container(run.cfg, resolve=True))

@@ -150,7 +150,7 @@ def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeyp
         result = train(run.cfg)
     assert probed == [["32-true", "bf16-mixed", "16-mixed"]]
     assert result[metrics.PRECISION] == "bf16-mixed"
-    probe = {k: v for k, v in result.items() if k.startswith(metrics.PRECISION_PROBE + "/")}
+    probe = {k: v for k, v in result.items() if k.startswith(A.PRECISION_PROBE + "/")}
     assert probe == {
         "precision_probe/32-true": pytest.approx(100),
         "precision_probe/bf16-mixed": pytest.approx(150),
@@ -169,10 +169,10 @@ def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
     chosen = first[metrics.PRECISION]
     assert chosen in ("32-true", "bf16-mixed")
     for mode in ("32-true", "bf16-mixed"):
-        assert first[f"{metrics.PRECISION_PROBE}/{mode}"] > 0
+        assert first[f"{A.PRECISION_PROBE}/{mode}"] > 0
     # The run's batch (16: the pilot's size, so a loaded CPU cannot shrink it; the sizing of a
     # larger one is test_the_probe_sizes_its_batch_by_warm_steps_not_the_first's).
-    assert first[metrics.PRECISION_PROBE_BATCH] == make_cfg().data.batch_size == 16
+    assert first[A.PRECISION_PROBE_BATCH] == make_cfg().data.batch_size == 16
     last = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)[SETTINGS]["precision"] == chosen
 
@@ -186,7 +186,7 @@ def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
         )
     )
     assert resumed[metrics.PRECISION] == chosen and resumed[metrics.EPOCHS] == 2
-    assert not any(k.startswith(metrics.PRECISION_PROBE) for k in resumed)
+    assert not any(k.startswith(A.PRECISION_PROBE) for k in resumed)
     # A resume in the other mode is refused, as with any recorded precision.
     other = {"32-true": "bf16-mixed", "bf16-mixed": "32-true"}[chosen]
     with pytest.raises(UserError, match=f"was trained with precision={chosen}"):

@@ -38,7 +38,6 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.plugins import precision as plugins
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
-from cifar_amp import metrics
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.precision import NAMES, Precision
@@ -49,6 +48,9 @@ AUTO = "auto"
 SAFEST_FIRST = ("32-true", "bf16-mixed", "16-mixed")
 MARGIN = 1.05  # a safer candidate this close to the fastest wins
 MAX_TIMED_STEPS = 20  # per candidate, whatever the budget: enough for a steady fastest step
+# metrics.json keys of the probe: PRECISION_PROBE/<mode> = a candidate's images/s (null: loss not
+# finite); PRECISION_PROBE_BATCH = the images of each probe step (the run's batch)
+PRECISION_PROBE, PRECISION_PROBE_BATCH = "precision_probe", "precision_probe/batch"
 
 
 @dataclass
@@ -261,8 +263,8 @@ class AutoPrecision(Precision, FollowsCheckpoint):
     def record(self) -> dict:
         if not self.probed:  # chosen by the run resumed
             return super().record()
-        probed = {f"{metrics.PRECISION_PROBE}/{k}": v for k, v in self.probed.items()}
-        return super().record() | probed | {metrics.PRECISION_PROBE_BATCH: self.probe_batch}
+        probed = {f"{PRECISION_PROBE}/{k}": v for k, v in self.probed.items()}
+        return super().record() | probed | {PRECISION_PROBE_BATCH: self.probe_batch}
 
     def setup(self, trainer) -> None:
         strategy = type(trainer.strategy)

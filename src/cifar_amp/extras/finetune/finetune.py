@@ -48,18 +48,19 @@ class FineTune(Callback, BeforeRun):
             k[len(PREFIX) :]: v for k, v in src.data["state_dict"].items() if k.startswith(PREFIX)
         }
 
-        def is_head(key: str, saved: Tensor, mine: Tensor) -> bool:  # differs in the classes only
-            rest = saved.shape[1:] == mine.shape[1:]
+        def is_head(saved: Tensor, mine: Tensor) -> bool:  # differs in the classes only
+            rest = saved.shape != mine.shape and saved.shape[1:] == mine.shape[1:]
             return rest and mine.shape[0] == n and saved.shape[0] == (theirs or saved.shape[0])
 
-        problems, head = mismatch(saved, ours, is_head)
+        head = [k for k, mine in ours.items() if k in saved and is_head(saved[k], mine)]
+        load = {k: v for k, v in saved.items() if k not in head}
+        problems = mismatch(load, {k: v for k, v in ours.items() if k not in head})
         if problems:
             theirs_net = (src.hparams.get("net") or {}).get("_target_", "unknown")
             raise UserError(
                 f"init_from={src.path} does not fit this model (the checkpoint's network: "
                 f"{theirs_net}; check model=...): " + "; ".join(problems)
             )
-        load = {k: v for k, v in saved.items() if k not in head}
         net.load_state_dict(load, strict=False)
         log.info(
             f"init_from={src.path}: loaded {len(load)} of the network's {len(ours)} tensors "
