@@ -31,9 +31,10 @@ eval: $(TRAIN_STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
-# One process: these start processes of their own (DDP ranks, signals, sweeps) and time them.
+# Every core too: each test starts processes of its own (commands, DDP ranks, sweeps) and
+# waits on them, so two tests at a time overlap one's imports with the other's training.
 test-slow: $(STAMP)
-	$(PY) -m pytest -m slow -n 0 $(ARGS)
+	$(PY) -m pytest -m slow $(ARGS)
 
 test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 	$(PY) -m pytest -m gpu $(ARGS)

@@ -57,13 +57,19 @@ def test_a_renamed_fork_trains_evaluates_and_reads_every_checkpoint(tmp_path, ti
 
     run("train.py", "trainer.max_epochs=1", *data, *tiny, f"hydra.run.dir={tmp_path}/run")
     assert (tmp_path / "run" / "metrics.json").is_file()
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    run("eval.py", f"ckpt_path={last}", *data, f"hydra.run.dir={tmp_path}/eval")
     assets = sorted(fork.glob("tests/**/*.ckpt"))
     assert len(assets) >= 3
-    for i, ckpt in enumerate([tmp_path / "run" / "checkpoints" / "last.ckpt", *assets]):
-        run("eval.py", f"ckpt_path={ckpt}", *data, f"hydra.run.dir={tmp_path}/eval{i}")
-        if ckpt in assets:
-            net = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["net"]
-            assert net["_target_"].startswith(f"{NEW}.")
-    # Not installed under its new name: no pip hint (none naming the template's distribution).
-    shown = run("-c", f"import {NEW}.errors as e; print(e.declared())")
-    assert shown.stdout.strip() == "{}"
+    for ckpt in assets:
+        net = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["net"]
+        assert net["_target_"].startswith(f"{NEW}.")
+    # Each asset rebuilds its module in the fork (as eval.py would), in one process; and, not
+    # installed under its new name, the fork gives no pip hint naming the template's distribution.
+    script = (
+        f"from {NEW}.checkpoints import Checkpoint\nfrom {NEW}.errors import declared\n"
+        f"for path in {[str(a) for a in assets]!r}:\n"
+        f"    assert type(Checkpoint(path).module().net).__module__.startswith('{NEW}.'), path\n"
+        "print(declared())\n"
+    )
+    assert run("-c", script).stdout.strip() == "{}"
