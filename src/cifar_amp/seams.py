@@ -1,6 +1,6 @@
-"""Every hook the core calls on an object an extra makes, a base class each, whose docstring names
-the extras that implement it (tests/test_seams.py checks): the core calls a hook only on an
-instance of it, so a grep for the class finds the call and every implementation."""
+"""Every hook the core calls on an object an extra makes, a base class (or Protocol) each, whose
+docstring names the extras that implement it (tests/test_seams.py checks): the core calls a hook
+only on an instance of it, so a grep for the class finds the call and every implementation."""
 
 from abc import ABC, abstractmethod
 from typing import Protocol, runtime_checkable
