@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
+from cifar_amp import seams
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
 from cifar_amp.precision import Precision
 
@@ -48,14 +49,13 @@ def callbacks(cfg: DictConfig) -> list[L.Callback]:
     return out
 
 
-def loggers(cfg: DictConfig, versions: dict | None = None) -> dict:
-    """The `logger` group by key; one taking `version` continues the run `versions` names."""
-    out, versions = {}, versions or {}
+def loggers(cfg: DictConfig, resumed: dict | None = None) -> dict:
+    """The `logger` group by key; a tracker (seams.ContinuesRun) continues `resumed`'s run."""
+    out = {}
     for key, node in ((k, n) for k, n in (cfg.get("logger") or {}).items() if n):
         kwargs = {}
-        if key in versions and "version" in inspect.signature(get_class(node._target_)).parameters:
-            kwargs["version"] = versions[key]
-            log.info("Resuming: logger.%s continues run %s", key, versions[key])
+        if resumed and issubclass(tracker := get_class(node._target_), seams.ContinuesRun):
+            kwargs = tracker.resuming(resumed, key)
         out[key] = build(node, f"logger.{key}", **kwargs)
     return out
 

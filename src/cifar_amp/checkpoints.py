@@ -8,15 +8,11 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback
 
+from cifar_amp import seams
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.module import ImageClassifier
 
-try:  # reads checkpoints of the template's earlier releases; a fork may delete it
-    from cifar_amp import compat
-except ImportError:
-    compat = None
-
-SETTINGS, TRACKERS = "run_settings", "tracker_runs"  # top-level keys the template adds
+SETTINGS = "run_settings"  # the top-level key the core adds (a tracker's run: extras/tracking)
 
 
 def few(items: list[str], n: int = 3) -> str:
@@ -89,13 +85,6 @@ class Checkpoint:
                 f"{self.where} does not fit this model (check model=...): " + "; ".join(problems)
             )
 
-    def tracker_versions(self, logger_cfg) -> dict:
-        """Logger config key -> its version (run id) in the run that wrote this checkpoint."""
-        runs = self.data.get(TRACKERS, {})
-        if compat and runs and all(isinstance(v, dict) for v in runs.values()):
-            return compat.tracker_runs(runs, logger_cfg)  # an earlier release's format
-        return runs
-
     def module(self, **overrides) -> ImageClassifier:
         """Its LightningModule in eval mode, weights loaded (EMA's: averaged); `overrides` win."""
         takes = inspect.signature(ImageClassifier).parameters
@@ -124,12 +113,13 @@ def resume_source(cfg) -> Path | None:
 
 
 class Record(Callback):
-    """Writes the settings a resume must keep and each logger's version into every checkpoint."""
+    """Writes the settings a resume must keep, and each tracker's run, into every checkpoint."""
 
     def __init__(self, settings: dict, loggers: dict, precision) -> None:  # auto: chosen in fit
         self.settings, self.loggers, self.precision = settings, loggers, precision
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[SETTINGS] = self.settings | {"precision": self.precision.name}
-        versions = {k: lg.version for k, lg in self.loggers.items()}
-        checkpoint[TRACKERS] = {k: v for k, v in versions.items() if v not in (None, "")}
+        for key, logger in self.loggers.items():
+            if isinstance(logger, seams.ContinuesRun):
+                logger.record(checkpoint, key)

@@ -58,11 +58,12 @@ def build_run(cfg: DictConfig) -> Run:
         if isinstance(prec, seams.FollowsCheckpoint):  # auto: the choice of the run resumed
             prec.adopt(resumed.settings.get("precision"))
         resumed.check_settings(settings | {"precision": prec.name})
-    loggers = build.loggers(cfg, resumed.tracker_versions(cfg.logger) if resumed else None)
+    loggers = build.loggers(cfg, resumed and resumed.data)
     callbacks.append(checkpoints.Record(settings, loggers, prec))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     dm = build.datamodule(cfg, prec.layout)
-    module = build.module(cfg, dm.num_classes, prec.layout, getattr(dm, "meta", None))
+    meta = dm.meta if isinstance(dm, seams.DescribesData) else None  # for predict and export
+    module = build.module(cfg, dm.num_classes, prec.layout, meta)
     if resumed:
         resumed.check_fits(module, dm.num_classes)
     # An extra's callback may refuse the run now, with nothing written (fine-tuning: its weights).

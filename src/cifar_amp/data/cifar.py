@@ -11,6 +11,7 @@ from lightning import LightningDataModule
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import download_and_extract_archive
 
+from cifar_amp import seams
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.batches import DeviceBatches, RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
@@ -114,7 +115,7 @@ SPECS = {
 }
 
 
-class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
+class CIFARDataModule(RestoresTrainLoader, LightningDataModule, seams.DescribesData):
     """CIFAR-10/100 on the training device, with a seeded validation split of the training set."""
 
     def __init__(

@@ -20,9 +20,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from cifar_amp import build, metrics
-from cifar_amp.checkpoints import TRACKERS
 from cifar_amp.errors import UserError
 from cifar_amp.extras.tracking import tracking
+from cifar_amp.extras.tracking.tracking import TRACKERS
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
 
@@ -175,7 +175,7 @@ def test_mlflow_run_continues_after_a_crash(make_cfg, tmp_path, mlflow_uri, with
 
 def test_a_run_missing_from_the_store_starts_a_new_one(make_cfg, with_mlflow, caplog):
     cfg = make_cfg(*with_mlflow)  # as if the checkpoint was tracked in another store
-    logger = build.loggers(cfg, {"mlflow": "0" * 32})["mlflow"]
+    logger = build.loggers(cfg, {TRACKERS: {"mlflow": "0" * 32}})["mlflow"]
     assert not logger.continued and logger.run_id != "0" * 32
     uri = cfg.logger.mlflow.tracking_uri
     assert f"MLflow run {'0' * 32} is not in {uri}: a new run starts" in caplog.text

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import DatasetFolder
 from torchvision.transforms import v2
 
+from cifar_amp import seams
 from cifar_amp.data.batches import RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_transform
@@ -140,7 +141,7 @@ class Images(Dataset):
             return self.transform(image), label
 
 
-class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
+class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, seams.DescribesData):
     """Images in class folders; a seeded validation split unless `val_dir` is given."""
 
     def __init__(

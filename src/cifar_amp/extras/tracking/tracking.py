@@ -1,6 +1,7 @@
 """Extra (docs/fork.md): MLflow and W&B runs that a resume continues, however it resumes
-(src/cifar_amp/extras/tracking/README.md). The core records each logger's `version` in checkpoints and passes it back
-on resume. Nothing in the core imports this module; configs/logger/ name these classes."""
+(src/cifar_amp/extras/tracking/README.md): each run id rides in every checkpoint (`TRACKERS`),
+through the core's seams.ContinuesRun. Nothing in the core imports this module; configs/logger/
+name these classes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from pathlib import Path
 from lightning.pytorch import loggers
 from lightning.pytorch.utilities import rank_zero_only
 
+from cifar_amp import seams
+
+try:  # reads checkpoints of the template's earlier releases; a fork may delete it
+    from cifar_amp.extras.tracking import compat
+except ImportError:
+    compat = None
+
 log = logging.getLogger(__name__)
+TRACKERS = "tracker_runs"  # the checkpoint's {logger config key: run id}
 
 
 def mlflow_params(params: dict) -> dict[str, str]:
@@ -21,7 +30,26 @@ def mlflow_params(params: dict) -> dict[str, str]:
     return {k: str(v)[:250] for k, v in _flatten_dict(_convert_params(params)).items()}
 
 
-class MLFlowLogger(loggers.MLFlowLogger):
+class TrackedRun(seams.ContinuesRun):
+    """A logger whose run id (`version`) goes into every checkpoint, and whose constructor takes
+    `version=` the run to continue: a resume, however it resumes, continues that run."""
+
+    @classmethod
+    def resuming(cls, checkpoint: dict, key: str) -> dict:
+        runs = checkpoint.get(TRACKERS, {})
+        if not isinstance(run := runs.get(key), str):  # none, or an earlier release's
+            run = compat and compat.tracker_run(runs, cls)
+        if not run:
+            return {}
+        log.info("Resuming: logger.%s continues run %s", key, run)
+        return {"version": run}
+
+    def record(self, checkpoint: dict, key: str) -> None:
+        if self.version:
+            checkpoint.setdefault(TRACKERS, {})[key] = self.version
+
+
+class MLFlowLogger(loggers.MLFlowLogger, TrackedRun):
     """Lightning's MLFlowLogger; `version`: the run to continue (where the store still has it)."""
 
     def __init__(self, *args, version: str | None = None, **kwargs) -> None:
@@ -68,7 +96,7 @@ class MLFlowLogger(loggers.MLFlowLogger):
         client.update_run(run_id, status="RUNNING")
 
 
-class WandbLogger(loggers.WandbLogger):
+class WandbLogger(loggers.WandbLogger, TrackedRun):
     """Lightning's WandbLogger (`version`: the W&B id), whose run ends with the job, or a
     multirun's next job would take it over: at `finalize("finished")` (the core's last call,
     Lightning's before a SLURM requeue) or a failure; "success" only ends a stage."""
