@@ -240,6 +240,7 @@ def test_a_bad_image_found_by_a_worker_is_named_in_one_line(image_folder, tmp_pa
     assert "\n" not in str(e.value) and "Traceback" not in str(e.value)
 
 
+@pytest.mark.slow  # two ranks: DDP's tests are slow ones
 def test_two_ranks_share_each_epoch_without_overlap(make_folder_cfg, tmp_path):
     """DDP on two CPU processes, worker processes under each: EpochSampler shards the epoch."""
     from test_ddp import TWO_RANKS, labels_per_epoch
