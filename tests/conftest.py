@@ -10,13 +10,11 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import config, metrics
-from cifar_folder import write_cifar_folder
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -39,27 +37,35 @@ SHRINK = (
     "module.optimizer.lr=0.05",  # the default 0.2 suits the BatchNorm nets, not small_cnn
 )
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
 # pytest-xdist runs one worker per core (addopts): a worker whose torch also used every core
 # would share each core with the other workers' threads, slower than one thread each.
 if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    import torch
+
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
-# Lightning strategy for tests on two CPU processes. Where CUDA exists, this pytest process
-# has already talked to the CUDA driver (torch.cuda.is_available() above, Lightning's device
-# lookup, GPU tests), and a forked child of such a process can crash: on an H100 box both
-# ddp_fork ranks died with SIGSEGV. Spawned ranks start from a fresh interpreter, at the cost
-# of importing torch again (about 20 s per test on a loaded 2-core box), so machines without
-# CUDA, where forking is safe, keep the fast fork. CIFAR_AMP_TEST_SPAWN=1 spawns anyway, to
-# check the CUDA machines' path on a CPU one.
-CPU_DDP = (
-    "ddp_spawn"
-    if torch.cuda.is_available() or os.environ.get("CIFAR_AMP_TEST_SPAWN")
-    else "ddp_fork"
-)
+
+def __getattr__(name: str):
+    """`requires_cuda`, `CPU_DDP`: made when a test module imports them. xdist's controller loads
+    this file too but runs no test; importing torch here cost it 5 s before any worker started."""
+    import torch
+
+    if name == "requires_cuda":
+        return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    # Lightning strategy for tests on two CPU processes. Where CUDA exists, this pytest process
+    # has already talked to the CUDA driver (torch.cuda.is_available() above, Lightning's device
+    # lookup, GPU tests), and a forked child of such a process can crash: on an H100 box both
+    # ddp_fork ranks died with SIGSEGV. Spawned ranks start from a fresh interpreter, at the cost
+    # of importing torch again (about 20 s per test on a loaded 2-core box), so machines without
+    # CUDA, where forking is safe, keep the fast fork. CIFAR_AMP_TEST_SPAWN=1 spawns anyway, to
+    # check the CUDA machines' path on a CPU one.
+    if name == "CPU_DDP":
+        spawn = torch.cuda.is_available() or os.environ.get("CIFAR_AMP_TEST_SPAWN")
+        return "ddp_spawn" if spawn else "ddp_fork"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+@functools.cache
 def _entry_schemas() -> dict:
     """The schemas of the extras' entry configs (predict, export) that are installed."""
     found = {}
@@ -72,9 +78,6 @@ def _entry_schemas() -> dict:
         except ImportError:
             pass
     return found
-
-
-ENTRY_SCHEMAS = _entry_schemas()
 
 
 # Plain strings that differ in every test (its tmp paths): set on the composed config, so the rest
@@ -97,7 +100,7 @@ def compose_cfg(
 
 @functools.lru_cache(maxsize=None)
 def _compose(config_name: str, overrides: tuple[str, ...], return_hydra_config: bool):
-    config.register(CONFIGS, ENTRY_SCHEMAS.get(config_name))
+    config.register(CONFIGS, _entry_schemas().get(config_name))
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose(
             config_name, overrides=list(overrides), return_hydra_config=return_hydra_config
@@ -106,6 +109,8 @@ def _compose(config_name: str, overrides: tuple[str, ...], return_hydra_config: 
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
+    from cifar_folder import write_cifar_folder
+
     return write_cifar_folder(tmp_path_factory.mktemp("cifar"))
 
 
@@ -147,6 +152,8 @@ class _Touch:
 def evil_ckpt(tmp_path) -> tuple[Path, Path]:
     """(a checkpoint that would create a file when unpickled, that file): a real small_cnn
     checkpoint's contents plus one object whose unpickling runs code."""
+    import torch
+
     ckpt = torch.load(ASSETS / "release-cd84677-last.ckpt", map_location="cpu", weights_only=True)
     marker = tmp_path / "code-ran"
     torch.save({**ckpt, "note": _Touch(marker)}, tmp_path / "evil.ckpt")
