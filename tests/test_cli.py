@@ -95,9 +95,9 @@ def test_a_sweep_gets_the_same_one_line_message_as_a_single_run(capsys, sweep, e
     assert expected in refusal(capsys, ["-m", sweep])
 
 
+@pytest.mark.slow  # the command itself; in this process: every `refusal` test
 def test_the_commands_refusal_is_one_line_exit_2_before_anything_runs(tmp_path):
-    # A sweep, whose second job is refused: nothing runs, not even the first (the other
-    # refusals are checked in this process, by `refusal`).
+    # A sweep, whose second job is refused: nothing runs, not even the first.
     args = ["-m", "trainer.max_epochs=1,abc", f"hydra.sweep.dir={tmp_path}/sweep"]
     r = run("train.py", *args, f"hydra.run.dir={tmp_path}/run", tmp_path=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -105,9 +105,9 @@ def test_the_commands_refusal_is_one_line_exit_2_before_anything_runs(tmp_path):
     assert not list(tmp_path.iterdir())  # refused before any run or sweep dir
 
 
-@pytest.mark.slow  # the command itself; in this process: test_bad_input.py::test_bad_config_value
 def test_bad_value_exits_2_with_one_line_naming_the_key(tmp_path):
-    # a range the constructor checks, once the run is built (test_bad_input: each such message)
+    # The command as a whole, in a subprocess (the override check, Hydra, the job runner,
+    # the run built) up to a range the constructor checks (test_bad_input: each such message).
     r = run("train.py", "data.batch_size=0", f"hydra.run.dir={tmp_path}", tmp_path=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == "error: invalid config value for data.batch_size: 0; must be >= 1"
