@@ -119,3 +119,13 @@ def test_the_commands_refuse_it_in_one_line(tmp_path, tiny_data, evil_ckpt, entr
     assert r.returncode == 2 and not marker.exists()
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"error: ckpt_path={path} holds ") and "trust_checkpoint=true" in line
+
+
+def test_a_resume_with_a_logger_that_does_not_import_is_one_line_naming_it(make_cfg, tmp_path):
+    # A resume looks up each logger's class (does it continue a tracked run?) before building it.
+    train(make_cfg("logger=csv", "test=false"))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    cfg = make_cfg("logger=csv", "logger.csv._target_=no_such.Logger", f"ckpt_path={last}")
+    with pytest.raises(UserError, match=r"^cannot build logger\.csv: ") as e:
+        train(cfg)
+    assert "\n" not in str(e.value)

@@ -54,7 +54,11 @@ def loggers(cfg: DictConfig, resumed: dict | None = None) -> dict:
     out = {}
     for key, node in ((k, n) for k, n in (cfg.get("logger") or {}).items() if n):
         kwargs = {}
-        if resumed and issubclass(tracker := get_class(node._target_), seams.ContinuesRun):
+        try:  # a _target_ that does not import: build() names the key, below
+            tracker = get_class(node._target_) if resumed else None
+        except Exception:
+            tracker = None
+        if tracker and issubclass(tracker, seams.ContinuesRun):
             kwargs = tracker.resuming(resumed, key)
         out[key] = build(node, f"logger.{key}", **kwargs)
     return out
