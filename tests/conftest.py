@@ -47,7 +47,10 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 
 def __getattr__(name: str):
     """`requires_cuda`, `CPU_DDP`: made when a test module imports them. xdist's controller loads
-    this file too but runs no test; importing torch here cost it 5 s before any worker started."""
+    this file too but runs no test; importing torch here cost it 5 s before any worker started.
+    Any other name (pytest looks up `pytest_plugins` on it) is missing, without importing torch."""
+    if name not in ("requires_cuda", "CPU_DDP"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import torch
 
     if name == "requires_cuda":
@@ -59,10 +62,8 @@ def __getattr__(name: str):
     # of importing torch again (about 20 s per test on a loaded 2-core box), so machines without
     # CUDA, where forking is safe, keep the fast fork. CIFAR_AMP_TEST_SPAWN=1 spawns anyway, to
     # check the CUDA machines' path on a CPU one.
-    if name == "CPU_DDP":
-        spawn = torch.cuda.is_available() or os.environ.get("CIFAR_AMP_TEST_SPAWN")
-        return "ddp_spawn" if spawn else "ddp_fork"
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    spawn = torch.cuda.is_available() or os.environ.get("CIFAR_AMP_TEST_SPAWN")
+    return "ddp_spawn" if spawn else "ddp_fork"
 
 
 @functools.cache
