@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lent GPU session, as issue 27 asks (docs/benchmarks-gpu.md, "A GPU session"): the GPU tests,
-# each file in its own process with tracebacks, then `make bench-gpu`, every log under $OUT.
+# each file in its own process with tracebacks, side by side, then `make bench-gpu`, every log under $OUT.
 #   bash bench/gpu_session.sh [tests|bench|all]     (from the repository root; default all)
 # The GPU machine has torch, torchvision, lightning and torchmetrics but no Hydra and no network:
 # Hydra's three wheels travel in WHEELS (default .whl/, git-ignored) and go into .bench-site/;
@@ -16,14 +16,18 @@ export PYTHONPATH=src:.:.bench-site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 
 if [ "${1:-all}" != bench ]; then
-  # One process per file: a hang or a crash in one cannot hide the others' results.
-  for f in $(grep -l "mark.gpu" tests/*.py bench/tests/*.py); do
+  # One process per file, all at once (-n 0: no xdist workers inside): a hang or a crash in one
+  # cannot hide the others' results, and a lent GPU's minutes are few. They share the GPU
+  # safely: none of them times anything, and each reads only its own process's memory peaks.
+  start=$SECONDS
+  for f in $(grep -rl --include='*.py' "mark.gpu" tests bench/tests | sort); do
     log="$OUT/pytest_$(basename "$f" .py).log"
-    start=$SECONDS
-    timeout -k 10 "${TEST_TIMEOUT:-150}" $PY -m pytest -m gpu -rfE --tb=short -q \
-      -p no:cacheprovider "$f" >"$log" 2>&1
-    echo "$f: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$log")" | tee -a "$OUT/pytest_gpu.txt"
+    ( timeout -k 10 "${TEST_TIMEOUT:-150}" $PY -m pytest -m gpu -n 0 -rfE --tb=short -q \
+        -p no:cacheprovider "$f" >"$log" 2>&1
+      echo "$f: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$log")" >>"$OUT/pytest_gpu.txt" ) &
   done
+  wait
+  cat "$OUT/pytest_gpu.txt"
 fi
 
 if [ "${1:-all}" != tests ]; then
