@@ -263,9 +263,13 @@ def test_auto_probes_this_gpus_modes_and_trains_in_its_choice(make_cfg):
     cfg = make_cfg(
         *ON_CUDA,
         "precision=auto",
-        "precision.probe_seconds=5",
+        # Ample: the pilot's cold first steps (CUDA context, cuDNN autotuning) count against
+        # it, and at 5 s an H200 once sized the probe down to the 16-image pilot. The probe
+        # stops after its MAX_TIMED_STEPS anyway, in well under a second at this size.
+        "precision.probe_seconds=60",
         "data.batch_size=128",  # above the probe's 16-image pilot: it could have probed fewer
         "trainer.max_steps=2",
+        "trainer.max_epochs=2",  # the tiny folder holds one batch of 128 an epoch
     )
     rec = Record()
     trainer, _, prec = fit(cfg, rec)
