@@ -1,0 +1,117 @@
+"""What each part of the default recipe costs a training step: the template's steps against the
+plain loop's (bench/reference_loop.py) for the same set-up, once with everything and once
+with each part taken away, case after case in one process (bench/gpu.py's precision-section
+machinery: one window of timed steps, the device synchronised at its ends).
+
+    python -m bench.step_parts [--data-dir <CIFAR-10 folder>] [--modes bf16-mixed,16-mixed]
+                               [--out step_parts.json]
+
+On CUDA: ResNet-18, batch 512, each mode's default layout, 8 warm-up and 40 timed steps a case.
+Without CUDA: the same cases at the dry run's sizes (SpeedNet 4,4,4, batch 16), where a step is
+host work. Read the ratio (plain / template) of each case, not its milliseconds across cases:
+the two loops of a case run back to back, the cases minutes apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+# The default config's callbacks that a recipe run carries beyond the checkpoint writers
+# (which bench.gpu's cases turn off, since they write files).
+CALLBACKS = (
+    "save_on_signal",
+    "non_finite",
+    "precision_diagnostics",
+    "curves",
+    "trainer_guards",
+    "lr_monitor",
+    "finetune",
+)
+NO_CALLBACKS = [f"~callbacks.{k}" for k in CALLBACKS]
+NO_CLIP = ["trainer.gradient_clip_val=null"]
+FUSED = ["module.optimizer.fused=true", *NO_CLIP]  # a fused step unscales itself: no clipping
+# (label, overrides): what is taken away. Under 16-mixed a foreach optimizer makes GradScaler
+# read its inf flag on the host every step; a fused one takes the flag on the device.
+CASES = (
+    ("everything", []),
+    ("no callbacks", NO_CALLBACKS),
+    ("no diagnostics", ["~callbacks.precision_diagnostics"]),
+    ("no clipping", NO_CLIP),
+    ("fused SGD, no clipping", FUSED),
+    ("no callbacks, fused SGD, no clipping", [*NO_CALLBACKS, *FUSED]),
+)
+
+
+def measure(modes: list[str], data_source: str | None, out: Path | None) -> dict:
+    import torch
+
+    from bench import gpu as G
+    from bench import synthetic
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    sizes = G.Sizes.gpu() if cuda else G.Sizes.tiny()
+    sizes.warmup, sizes.timed = (8, 40) if cuda else (2, 6)
+    work = Path(tempfile.mkdtemp(prefix="step_parts_"))
+    data_dir, images = synthetic.write(work / "data", sizes.images, sizes.images // 5, data_source)
+    result = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu (dry run: tiny sizes)",
+        "net": sizes.net,
+        "batch": sizes.batch,
+        "images": images,
+        "cases": [],
+    }
+    datamodules: dict = {}
+    for mode in modes:
+        for label, overrides in CASES:
+            run_dir = work / f"{mode}-{len(result['cases'])}"
+            base = G.case_overrides(sizes, data_dir, run_dir, device)
+            cfg = G.compose([*base, f"precision={mode}", *overrides])
+            row = {"mode": mode, "case": label, "overrides": overrides}
+            row["template"] = G.lightning_steps(cfg, sizes, datamodules)
+            G._release()
+            row["plain"] = G.plain_steps(cfg, sizes, datamodules)
+            G._release()
+            t, p = row["template"].get("step_ms"), row["plain"].get("step_ms")
+            row["ratio"] = p / t if t and p else None
+            result["cases"].append(row)
+            print(line(row), flush=True)
+            if out:
+                out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def line(row: dict) -> str:
+    t, p = row["template"].get("step_ms"), row["plain"].get("step_ms")
+    ms = (
+        f"template {t:6.2f} ms, plain {p:6.2f} ms, ratio {row['ratio']:.3f}"
+        if t and p
+        else (row["template"].get("skipped") or row["plain"].get("skipped"))
+    )
+    return f"{row['mode']:11s} {row['case']:38s} {ms}"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.step_parts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--data-dir", help="a CIFAR-10 folder: its images, repeated (else random)")
+    ap.add_argument("--modes", default="bf16-mixed,16-mixed", type=lambda s: s.split(","))
+    ap.add_argument("--out", type=Path, help="the JSON, rewritten after each case")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    result = measure(args.modes, args.data_dir, args.out)
+    print(
+        f"{len(result['cases'])} cases on {result['device']} in {time.perf_counter() - start:.0f} s"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()
