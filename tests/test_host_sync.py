@@ -39,9 +39,16 @@ CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
 ALLOWED = {
     ("torch/amp/grad_scaler.py", "_maybe_opt_step"): (
         "16-mixed with a non-fused optimizer: GradScaler reads found_inf to skip the step; "
-        "module.optimizer.fused=true moves the skip into the optimizer kernel (no read)"
+        "module.optimizer.fused=true moves the skip into the optimizer kernel (no read), "
+        "clipping or not"
     ),
 }
+
+FUSED_UNCLIPPED = (
+    "precision=16-mixed",
+    "module.optimizer.fused=true",
+    "trainer.gradient_clip_val=null",
+)
 
 # aten ops that read device data on the host under CUDA (or size their output by it).
 SYNCING_OPS = {
@@ -180,8 +187,8 @@ def _watch(make_cfg, monkeypatch, *overrides, cuda: bool = False) -> SyncWatch:
 
 @pytest.mark.parametrize(
     "overrides",
-    [(), ("precision=16-mixed", "module.optimizer.fused=true", "trainer.gradient_clip_val=null")],
-    ids=["default", "16-mixed-fused"],
+    [(), ("precision=16-mixed", "module.optimizer.fused=true"), FUSED_UNCLIPPED],
+    ids=["default", "16-mixed-fused-clipped", "16-mixed-fused"],
 )
 def test_training_steps_read_nothing_on_the_host(make_cfg, monkeypatch, overrides):
     watch = _watch(make_cfg, monkeypatch, "trainer.max_epochs=1", *overrides)
@@ -218,11 +225,12 @@ class ReadLoss(L.Callback):
     "overrides",
     [
         ("precision=bf16-mixed",),
-        ("precision=16-mixed", "module.optimizer.fused=true", "trainer.gradient_clip_val=null"),
+        FUSED_UNCLIPPED,
+        ("precision=16-mixed", "module.optimizer.fused=true"),  # the default trainer clips
         ("module.compile=true", "precision=bf16-mixed", "module.optimizer.fused=true")
         + ("trainer.gradient_clip_val=null",),
     ],
-    ids=["bf16-mixed", "16-mixed-fused", "compiled"],
+    ids=["bf16-mixed", "16-mixed-fused", "16-mixed-fused-clipped", "compiled"],
 )
 def test_training_steps_make_no_cuda_sync(make_cfg, monkeypatch, overrides):
     watch = _watch(

@@ -8,11 +8,11 @@ import lightning as L
 import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import OmegaConf
 
 from cifar_amp import build, cli, metrics, seams
 from cifar_amp.evaluation import evaluate
+from cifar_amp.precision import Float16Mixed
 from cifar_amp.training import build_run, train
 from conftest import deterministic, options
 
@@ -63,7 +63,7 @@ def test_16_mixed_on_cpu_is_float16_with_a_real_scaler(make_cfg):
         "precision.scaler.growth_interval=7",
     )
     plugin = build.trainer(cfg, build.precision(cfg)).precision_plugin
-    assert type(plugin) is MixedPrecision and type(plugin.scaler) is torch.amp.GradScaler
+    assert type(plugin) is Float16Mixed and type(plugin.scaler) is torch.amp.GradScaler
     assert plugin.device == "cpu" and plugin.precision == "16-mixed"
     with plugin.forward_context():
         assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float16
@@ -114,13 +114,19 @@ def fit(cfg, *callbacks):
     return trainer, module
 
 
-def test_fp16_overflow_skips_the_step_and_backs_off_the_scale(make_cfg):
-    # A scale this large overflows float16 gradients on the first backward.
+FUSED_CLIPPED = ("module.optimizer.fused=true", "trainer.gradient_clip_val=1.0")
+
+
+@pytest.mark.parametrize("overrides", [(), FUSED_CLIPPED], ids=["foreach", "fused-clipped"])
+def test_fp16_overflow_skips_the_step_and_backs_off_the_scale(make_cfg, overrides):
+    # A scale this large overflows float16 gradients on the first backward. A fused step skips
+    # itself on the device's inf flag (its gradients unscaled and clipped before it: precision.py).
     cfg = make_cfg(
         "precision=16-mixed",
         "precision.scaler.init_scale=1e30",
         "trainer.limit_train_batches=1",
         "trainer.limit_val_batches=0",
+        *overrides,
     )
     rec = Recorder()
     trainer, module = fit(cfg, rec)
@@ -159,18 +165,26 @@ def test_the_default_recipe_clips_by_norm_and_the_quick_recipe_does_not(make_cfg
 
 
 def test_clipping_acts_on_unscaled_gradients(make_cfg):
-    clip, recs = 1e-3, {}
-    for prec in ("32-true", "16-mixed"):
+    clip, recs, nets = 1e-3, {}, {}
+    cases = {"32-true": (), "16-mixed": (), "16-mixed fused": ("module.optimizer.fused=true",)}
+    for case, overrides in cases.items():
         cfg = make_cfg(
-            f"precision={prec}",
+            f"precision={case.split()[0]}",
             "precision.scaler.init_scale=4096",
             f"trainer.gradient_clip_val={clip}",
             "trainer.limit_train_batches=3",
             "trainer.limit_val_batches=0",
+            *overrides,
         )
-        recs[prec] = Recorder()
-        fit(cfg, recs[prec])
-    fp32, fp16 = recs["32-true"], recs["16-mixed"]
+        recs[case] = Recorder()
+        nets[case] = fit(cfg, recs[case])[1].state_dict()
+    fp32, fp16, fused = recs["32-true"], recs["16-mixed"], recs["16-mixed fused"]
+    # A fused optimizer's hooks see the scaled gradients; it is unscaled before clipping, so its
+    # steps are those of the foreach optimizer (clipped 4096x harder they would differ widely).
+    assert fused.unclipped_norms[0] == pytest.approx(4096 * fp16.unclipped_norms[0], rel=1e-3)
+    assert fused.seen_grad_norms == pytest.approx([clip] * 3, rel=1e-3)
+    for k, v in nets["16-mixed"].items():
+        assert torch.allclose(v.float(), nets["16-mixed fused"][k].float(), atol=1e-6), k
     # what the clipping hook sees under 16-mixed is the true gradient, not 4096x it
     assert fp16.unclipped_norms[0] == pytest.approx(fp32.unclipped_norms[0], rel=0.02)
     assert all(n > 10 * clip for n in fp16.unclipped_norms)  # so clipping really bites
@@ -288,7 +302,7 @@ def test_the_trainer_is_built_with_the_16_mixed_plugin_and_keeps_it(make_cfg):
     trainer = build.trainer(cfg, build.precision(cfg))
     plugin = trainer.strategy.precision_plugin
     assert plugin is trainer._accelerator_connector.precision_plugin
-    assert type(plugin) is MixedPrecision and plugin.scaler.get_scale() == 512
+    assert type(plugin) is Float16Mixed and plugin.scaler.get_scale() == 512
     for node in cfg.trainer.get("plugins") or []:  # the reliability extra's checkpoint IO
         assert type(trainer.strategy.checkpoint_io).__name__ == node._target_.rsplit(".", 1)[1]
 

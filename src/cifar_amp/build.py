@@ -71,13 +71,6 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
         raise UserError(f"invalid config value for trainer.gradient_clip_val: {clip}; must be >= 0")
     if t.get("accumulate_grad_batches", 1) < 1:
         raise UserError("invalid config value for trainer.accumulate_grad_batches: must be >= 1")
-    if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
-        raise UserError(
-            f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under precision="
-            f"{prec.name}: the fused optimizer unscales the gradients inside its step, so they "
-            "cannot be clipped before it; add trainer.gradient_clip_val=null (the default trainer "
-            "clips) or module.optimizer.fused=false (32-true clips with it)"
-        )
     if (start := per_stage_ranks(t.strategy)) and HydraConfig.initialized():
         if isinstance(s := t.strategy, str):  # a registered name: its class and arguments
             s = dict(StrategyRegistry[s]["init_params"], _target_=StrategyRegistry[s]["strategy"])
@@ -85,10 +78,21 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
         log.info(f"Ranks started once, by re-running this command as ddp's, not by {start}")
     if "strategy" not in overrides and isinstance(t.strategy, Mapping):  # it may make the plugin
         overrides["strategy"] = build(t.strategy, "trainer.strategy")
+    sharded = isinstance(strategy := overrides.get("strategy", t.strategy), seams.Float16Plugin)
+    if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
+        # Lightning clips a fused optimizer's gradients only in our 16-mixed (precision.py).
+        if prec.name != "16-mixed" or sharded:
+            under = prec.name + (f" with {type(strategy).__name__}" if sharded else "")
+            raise UserError(
+                f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
+                f"precision={under}: Lightning does not clip a fused optimizer's gradients there; "
+                "add trainer.gradient_clip_val=null (the default trainer clips) or "
+                "module.optimizer.fused=false" + ("" if sharded else ", or use precision=16-mixed")
+            )
     if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
         overrides.setdefault("benchmark", not t.get("deterministic"))
     accelerator = overrides.get("accelerator", t.get("accelerator"))
-    args = prec.trainer_args(accelerator, overrides.get("strategy", t.strategy))
+    args = prec.trainer_args(accelerator, strategy)
     if "plugins" in args:  # beside the configured ones (the reliability extra's checkpoint IO)
         configured = build(t.plugins, "trainer.plugins") if t.get("plugins") else []
         args["plugins"][:0] = configured if isinstance(configured, list) else [configured]

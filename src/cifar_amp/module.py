@@ -34,7 +34,7 @@ class ImageClassifier(LightningModule):
         self,
         net: Mapping,
         num_classes: int,
-        optimizer: Mapping = SGD,  # `fused`: one kernel a step, no clipping under autocast
+        optimizer: Mapping = SGD,  # `fused`: one kernel a step (clipped under 16-mixed, not bf16)
         scheduler: Optional[Mapping] = ONE_CYCLE,  # per step; total_steps= if taken; null: constant
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)

@@ -4,9 +4,11 @@ import logging
 from typing import Annotated, Optional
 
 import torch
+from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from cifar_amp import metrics, seams
 from cifar_amp.config import Nested
@@ -54,7 +56,7 @@ class Precision:
         return {"plugins": [self.plugin(device)]}
 
     @property
-    def autocasts(self) -> bool:  # whether steps may autocast (a fused optimizer cannot clip)
+    def autocasts(self) -> bool:  # whether steps may autocast (clipping a fused step: build.py)
         return self.name in ("16-mixed", "bf16-mixed")
 
     def channels_last(self, device: str) -> bool:
@@ -73,7 +75,7 @@ class Precision:
         """For the device the Trainer chose: TF32, the layout, a log line."""
         # Lightning's FSDP refuses our plugin; its DeepSpeed takes it, and its engine bypasses it.
         deepspeed = isinstance(trainer.strategy, DeepSpeedStrategy)
-        if deepspeed and type(trainer.precision_plugin) is MixedPrecision:
+        if deepspeed and isinstance(trainer.precision_plugin, MixedPrecision):
             raise UserError(
                 f"precision={self.name} with {type(trainer.strategy).__name__} would lose "
                 "precision.scaler; use trainer=deepspeed (the sharding extra), or bf16-mixed"
@@ -97,5 +99,25 @@ class Precision:
             )
 
     def plugin(self, device: str) -> MixedPrecision:
-        """16-mixed's; it unscales before clipping, unless a `fused` optimizer does in its step."""
-        return MixedPrecision("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
+        return Float16Mixed("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
+
+
+class Float16Mixed(MixedPrecision):
+    """16-mixed, one step in order (Lightning's MixedPrecision.optimizer_step): backward of the
+    scaled loss; `scaler.unscale_` unless the optimizer is fused; the on_before_optimizer_step
+    hooks; clipping (below); `scaler.step`, skipped on inf/nan; `scaler.update`. Lightning
+    refuses to clip for a fused optimizer, which unscales inside its step; since torch 2.1
+    (pytorch#94060) a fused step after `unscale_` takes only the inf flag, on the device. So
+    clipping unscales first, and the step never waits for the device, where a foreach
+    optimizer's `scaler.step` reads the flag on the host every step."""
+
+    # Checkpoints keep the GradScaler's state under the plugin's qualified name: Lightning's key,
+    # so that a resume restores it whichever of the two wrote it.
+    __qualname__ = MixedPrecision.__qualname__
+
+    def clip_gradients(
+        self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM
+    ):
+        if clip_val > 0 and _optimizer_handles_unscaling(optimizer):
+            self.scaler.unscale_(optimizer)
+        super(MixedPrecision, self).clip_gradients(optimizer, clip_val, gradient_clip_algorithm)

@@ -23,6 +23,7 @@ from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
 from cifar_amp.extras.auto_precision import autoprecision as A
 from cifar_amp.module import ImageClassifier
+from cifar_amp.precision import Float16Mixed
 from cifar_amp.training import build_run, train
 from conftest import CPU_DDP, requires_cuda
 from test_ddp import TWO_RANKS, plain
@@ -212,7 +213,8 @@ def test_auto_candidates_get_their_plugins():
     made = {name: A.AutoPrecision().plugin("cpu", name) for name in A.SAFEST_FIRST}
     for name, plugin in made.items():
         assert plugin.precision == name
-        assert type(plugin) is (Plugin if name == "32-true" else MixedPrecision)
+        mixed = {"16-mixed": Float16Mixed, "bf16-mixed": MixedPrecision}  # 16-mixed: the core's
+        assert type(plugin) is mixed.get(name, Plugin)
 
 
 @pytest.mark.parametrize("strategy", [FSDPStrategy, DeepSpeedStrategy])

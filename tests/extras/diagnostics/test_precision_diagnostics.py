@@ -180,7 +180,7 @@ def test_fused_optimizer_under_16_mixed_reports_the_unscaled_norm(make_cfg, tmp_
                 "precision=16-mixed",
                 "precision.scaler.init_scale=1024",
                 f"module.optimizer.fused={fused}",
-                "trainer.gradient_clip_val=null",  # a fused optimizer cannot clip under autocast
+                "trainer.gradient_clip_val=null",  # the norm the hook sees, nothing clipped
                 "trainer.limit_train_batches=1",
                 f"run_dir={run}",
             )

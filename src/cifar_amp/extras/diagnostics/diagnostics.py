@@ -198,8 +198,8 @@ class PrecisionDiagnostics(Callback):
         norm = torch.nn.utils.get_total_norm(grads, 2.0)
         scaler = _scaler(trainer)
         if scaler is not None and _unscales_in_step(optimizer):
-            # These gradients are still scaled (and clipping is refused with a fused optimizer
-            # under 16-bit mixed modes: build.py).
+            # These gradients are still scaled (16-mixed unscales them for clipping after this
+            # hook: precision.py's Float16Mixed).
             norm = norm / _scale(scaler)
         self._norms.append(norm)
         if trainer.gradient_clip_val and trainer.gradient_clip_algorithm == "value":
