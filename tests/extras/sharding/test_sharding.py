@@ -14,6 +14,7 @@ from lightning import Callback
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, FSDPPrecision
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from cifar_amp import build
 from cifar_amp.errors import UserError
 from cifar_amp.extras.sharding.sharding import (
     DeepSpeedStrategy,
@@ -154,3 +155,16 @@ def test_fsdp_trains_with_the_plugin_of_the_precision_choice(make_cfg, mode, cap
 def test_fsdp_does_not_clip_by_norm(make_cfg):
     # Lightning's FSDP plugin cannot clip by norm, so trainer=fsdp turns the default's off.
     assert make_cfg("trainer=fsdp").trainer.gradient_clip_val is None
+
+
+def test_a_fused_optimizer_clipped_under_a_sharded_16_mixed_is_refused(make_cfg):
+    # The core's 16-mixed unscales a fused optimizer's gradients before clipping; FSDP's own
+    # plugin does not, so the combination is refused before anything is built on a device.
+    cfg = make_cfg(
+        "trainer=fsdp",
+        "precision=16-mixed",
+        "module.optimizer.fused=true",
+        "trainer.gradient_clip_val=1",
+    )
+    with pytest.raises(UserError, match="under precision=16-mixed with FSDPStrategy: Lightning"):
+        build.trainer(cfg)
