@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lent GPU session, as issue 27 asks (docs/benchmarks-gpu.md, "A GPU session"): the GPU tests,
 # each file in its own process with tracebacks, side by side, then `make bench-gpu`, every log under $OUT.
-#   bash bench/gpu_session.sh [tests|bench|all]     (from the repository root; default all)
+#   bash bench/gpu_session.sh [tests|bench|parts|all]     (from the repository root; default all)
 # The GPU machine has torch, torchvision, lightning and torchmetrics but no Hydra and no network:
 # Hydra's three wheels travel in WHEELS (default .whl/, git-ignored) and go into .bench-site/;
 # the data in DATA (default data/cifar10-subset, git-ignored). Settings, all optional:
@@ -15,7 +15,7 @@ $PY -m pip install -q --upgrade --no-index --no-deps --target .bench-site "$WHEE
 export PYTHONPATH=src:.:.bench-site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 
-if [ "${1:-all}" != bench ]; then
+if [ "${1:-all}" = tests ] || [ "${1:-all}" = all ]; then
   # One process per file, all at once (-n 0: no xdist workers inside): a hang or a crash in one
   # cannot hide the others' results, and a lent GPU's minutes are few. They share the GPU
   # safely: none of them times anything, and each reads only its own process's memory peaks.
@@ -30,10 +30,16 @@ if [ "${1:-all}" != bench ]; then
   cat "$OUT/pytest_gpu.txt"
 fi
 
-if [ "${1:-all}" != tests ]; then
+if [ "${1:-all}" = bench ] || [ "${1:-all}" = all ]; then
   # bench.gpu writes bench_gpu.{json,md} after each section; `timeout` is only a backstop.
   BUDGET=${BUDGET:-540}
   timeout -k 10 $((BUDGET + 60)) $PY -m bench.gpu --data-dir "$DATA" --budget "$BUDGET" \
     --tests none --out "$OUT/bench" --doc "$OUT/benchmarks-gpu.md" \
     ${AIRBENCH:+--airbench "$AIRBENCH"} 2>&1 | tee "$OUT/bench_gpu.log"
+fi
+
+if [ "${1:-all}" = parts ]; then
+  # What each part of the default recipe costs a ResNet-18 step (bench/step_parts.py): ~2 min.
+  timeout -k 10 "${PARTS_TIMEOUT:-300}" $PY -m bench.step_parts --data-dir "$DATA" \
+    --out "$OUT/step_parts.json" 2>&1 | tee "$OUT/step_parts.log"
 fi

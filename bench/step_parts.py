@@ -33,7 +33,7 @@ CALLBACKS = (
 )
 NO_CALLBACKS = [f"~callbacks.{k}" for k in CALLBACKS]
 NO_CLIP = ["trainer.gradient_clip_val=null"]
-FUSED = ["module.optimizer.fused=true", *NO_CLIP]  # a fused step unscales itself: no clipping
+FUSED = ["module.optimizer.fused=true", *NO_CLIP]
 # (label, overrides): what is taken away. Under 16-mixed a foreach optimizer makes GradScaler
 # read its inf flag on the host every step; a fused one takes the flag on the device.
 CASES = (
@@ -43,6 +43,9 @@ CASES = (
     ("no clipping", NO_CLIP),
     ("fused SGD, no clipping", FUSED),
     ("no callbacks, fused SGD, no clipping", [*NO_CALLBACKS, *FUSED]),
+    # 16-mixed unscales a fused optimizer's gradients before clipping (precision.py); under
+    # bf16-mixed Lightning does not clip them: that case is refused, and shown as skipped.
+    ("fused SGD", ["module.optimizer.fused=true"]),
 )
 
 

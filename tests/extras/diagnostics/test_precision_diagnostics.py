@@ -112,6 +112,7 @@ def test_fit_start_lines(make_cfg, caplog):
     )  # small_cnn: 2 conv + 2 linear, with biases
     # CPU autocast runs convolutions and linear layers in float16, ReLU follows its input.
     assert "Conv2d -> float16" in text and "Linear -> float16" in text
+    assert "Gradient clipping: by norm at 2.0" in text  # the default trainer's (Lightning's None)
 
 
 def test_true_half_precision_parameters_are_counted(make_cfg, caplog):

@@ -122,7 +122,7 @@ class PrecisionDiagnostics(Callback):
         rank_zero_info("Parameter dtypes: " + ", ".join(counts))
         clip = trainer.gradient_clip_val
         rank_zero_info(
-            f"Gradient clipping: by {trainer.gradient_clip_algorithm} at {clip}"
+            f"Gradient clipping: by {trainer.gradient_clip_algorithm or 'norm'} at {clip}"
             if clip
             else "Gradient clipping: off"
         )
