@@ -20,33 +20,30 @@ import tempfile
 import time
 from pathlib import Path
 
-# The default config's callbacks that a recipe run carries beyond the checkpoint writers
-# (which bench.gpu's cases turn off, since they write files).
-CALLBACKS = (
-    "save_on_signal",
-    "non_finite",
-    "precision_diagnostics",
-    "curves",
-    "trainer_guards",
-    "lr_monitor",
-    "finetune",
-)
-NO_CALLBACKS = [f"~callbacks.{k}" for k in CALLBACKS]
+# bench.gpu's cases turn these off (they write files); every other callback is a part.
+CHECKPOINTERS = ("model_checkpoint", "last_checkpoint", "step_checkpoint")
 NO_CLIP = ["trainer.gradient_clip_val=null"]
 FUSED = ["module.optimizer.fused=true", *NO_CLIP]
-# (label, overrides): what is taken away. Under 16-mixed a foreach optimizer makes GradScaler
-# read its inf flag on the host every step; a fused one takes the flag on the device.
-CASES = (
-    ("everything", []),
-    ("no callbacks", NO_CALLBACKS),
-    ("no diagnostics", ["~callbacks.precision_diagnostics"]),
-    ("no clipping", NO_CLIP),
-    ("fused SGD, no clipping", FUSED),
-    ("no callbacks, fused SGD, no clipping", [*NO_CALLBACKS, *FUSED]),
-    # 16-mixed unscales a fused optimizer's gradients before clipping (precision.py); under
-    # bf16-mixed Lightning does not clip them: that case is refused, and shown as skipped.
-    ("fused SGD", ["module.optimizer.fused=true"]),
-)
+
+
+def cases(callbacks) -> list[tuple[str, list[str]]]:
+    """(label, overrides): what each case takes away from a config with `callbacks` (their
+    keys: the default's, less those of extras a fork deleted). Under 16-mixed a foreach
+    optimizer makes GradScaler read its inf flag on the host every step; a fused one takes the
+    flag on the device, and 16-mixed unscales its gradients before clipping (precision.py);
+    bf16-mixed does not clip a fused optimizer: that case is refused there, and shown skipped."""
+    parts = [k for k in callbacks if k not in CHECKPOINTERS]
+    none = [f"~callbacks.{k}" for k in parts]
+    diagnostics = [("no diagnostics", ["~callbacks.precision_diagnostics"])]
+    return [
+        ("everything", []),
+        ("no callbacks", none),
+        *(diagnostics if "precision_diagnostics" in parts else []),
+        ("no clipping", NO_CLIP),
+        ("fused SGD, no clipping", FUSED),
+        ("no callbacks, fused SGD, no clipping", [*none, *FUSED]),
+        ("fused SGD", ["module.optimizer.fused=true"]),
+    ]
 
 
 def measure(modes: list[str], data_source: str | None, out: Path | None) -> dict:
@@ -70,7 +67,7 @@ def measure(modes: list[str], data_source: str | None, out: Path | None) -> dict
     }
     datamodules: dict = {}
     for mode in modes:
-        for label, overrides in CASES:
+        for label, overrides in cases(G.compose([]).callbacks):
             run_dir = work / f"{mode}-{len(result['cases'])}"
             base = G.case_overrides(sizes, data_dir, run_dir, device)
             cfg = G.compose([*base, f"precision={mode}", *overrides])
