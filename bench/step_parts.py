@@ -65,9 +65,9 @@ def measure(modes: list[str], data_source: str | None, out: Path | None) -> dict
         "images": images,
         "cases": [],
     }
-    datamodules: dict = {}
+    datamodules, parts = {}, cases(G.compose([]).callbacks)
     for mode in modes:
-        for label, overrides in cases(G.compose([]).callbacks):
+        for label, overrides in parts:
             run_dir = work / f"{mode}-{len(result['cases'])}"
             base = G.case_overrides(sizes, data_dir, run_dir, device)
             cfg = G.compose([*base, f"precision={mode}", *overrides])

@@ -79,16 +79,16 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
     if "strategy" not in overrides and isinstance(t.strategy, Mapping):  # it may make the plugin
         overrides["strategy"] = build(t.strategy, "trainer.strategy")
     sharded = isinstance(strategy := overrides.get("strategy", t.strategy), seams.Float16Plugin)
-    if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
-        # Lightning clips a fused optimizer's gradients only in our 16-mixed (precision.py).
-        if prec.name != "16-mixed" or sharded:
-            under = prec.name + (f" with {type(strategy).__name__}" if sharded else "")
-            raise UserError(
-                f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
-                f"precision={under}: Lightning does not clip a fused optimizer's gradients there; "
-                "add trainer.gradient_clip_val=null (the default trainer clips) or "
-                "module.optimizer.fused=false" + ("" if sharded else ", or use precision=16-mixed")
-            )
+    # Lightning clips a fused optimizer's gradients only in our 16-mixed (precision.py).
+    ours = prec.name == "16-mixed" and not sharded
+    if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts and not ours:
+        under = prec.name + (f" with {type(strategy).__name__}" if sharded else "")
+        raise UserError(
+            f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
+            f"precision={under}: Lightning does not clip a fused optimizer's gradients there; "
+            "add trainer.gradient_clip_val=null (the default trainer clips) or "
+            "module.optimizer.fused=false" + ("" if sharded else ", or use precision=16-mixed")
+        )
     if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
         overrides.setdefault("benchmark", not t.get("deterministic"))
     accelerator = overrides.get("accelerator", t.get("accelerator"))
