@@ -122,8 +122,8 @@ def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataM
     return build(cfg.data, "data")
 
 
-def module(cfg: DictConfig, num_classes: int, channels_last=False, data_meta=None):
+def module(cfg: DictConfig, num_classes: int, channels_last=False):
     # Not recursive: the module builds `net` (keeping its config), configure_optimizers the rest.
     net = OmegaConf.to_container(cfg.model, resolve=True)
-    args = dict(num_classes=num_classes, channels_last=channels_last, data_meta=data_meta)
+    args = dict(num_classes=num_classes, channels_last=channels_last)
     return build(cfg.module, "module", recursive=False, net=net, **args)

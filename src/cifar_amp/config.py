@@ -23,7 +23,7 @@ RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
 PASSED_BY_BUILD = {
     "model": ("num_classes",),
     "data": ("channels_last",),
-    "module": ("net", "num_classes", "channels_last", "data_meta"),
+    "module": ("net", "num_classes", "channels_last"),
     "trainer": ("precision", "callbacks", "logger", "default_root_dir"),
 }
 SCHEMA_LINE = re.compile(r"^\s*-\s*/schema/([\w.]+)@_here_\s*(?:#.*)?$", re.M)

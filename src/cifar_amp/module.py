@@ -43,7 +43,6 @@ class ImageClassifier(LightningModule):
         tta: str = "none",  # in test (and validation if `tta_val`): none | flip | flip_shift
         tta_shift: int = 1,  # pixels, for flip_shift (tta.py)
         tta_val: bool = False,
-        data_meta: Optional[dict] = None,  # the DataModule's `meta`: for predict and export
     ) -> None:
         choices = {"tta": (tta, TTA.MODES), "compile_mode": (compile_mode, COMPILE_MODES)}
         for arg, (value, valid) in choices.items():

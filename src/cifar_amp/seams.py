@@ -1,9 +1,8 @@
-"""Every hook the core calls on an object an extra makes, a base class (or Protocol) each, whose
+"""Every hook the core calls on an object an extra makes, a base class each, whose
 docstring names the extras that implement it (tests/test_seams.py checks): the core calls a hook
 only on an instance of it, so a grep for the class finds the call and every implementation."""
 
 from abc import ABC, abstractmethod
-from typing import Protocol, runtime_checkable
 
 
 class BeforeRun(ABC):
@@ -39,15 +38,6 @@ class ContinuesRun(ABC):
 
     @abstractmethod
     def record(self, checkpoint: dict, key: str) -> None: ...
-
-
-@runtime_checkable
-class DescribesData(Protocol):
-    """DataModule whose `meta` (class names, mean/std, image size) checkpoints keep, for predict
-    and export; a Protocol: a user's DataModule need only have `meta`, and trains without it.
-    Implemented by: extras/image_folders (ImageFolderDataModule)."""
-
-    meta: dict
 
 
 class FollowsCheckpoint(ABC):

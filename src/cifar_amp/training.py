@@ -62,8 +62,7 @@ def build_run(cfg: DictConfig) -> Run:
     callbacks.append(checkpoints.Record(settings, loggers, prec))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     dm = build.datamodule(cfg, prec.layout)
-    meta = dm.meta if isinstance(dm, seams.DescribesData) else None  # for predict and export
-    module = build.module(cfg, dm.num_classes, prec.layout, meta)
+    module = build.module(cfg, dm.num_classes, prec.layout)
     if resumed:
         resumed.check_fits(module, dm.num_classes)
     # An extra's callback may refuse the run now, with nothing written (fine-tuning: its weights).

@@ -11,7 +11,6 @@ from lightning import LightningDataModule
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import download_and_extract_archive
 
-from cifar_amp import seams
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.batches import DeviceBatches, RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
@@ -50,11 +49,7 @@ class Spec(NamedTuple):
     tv: type  # the torchvision class whose url, md5, folder and file names we reuse
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    classes: list[str]  # the official label names, for folders without a names file
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
+    num_classes: int
 
     def files(self, split: str) -> list[str]:
         return [name for name, _ in getattr(self.tv, f"{split}_list")]
@@ -85,37 +80,14 @@ class Spec(NamedTuple):
         parts = [read_batch(folder / name, self.num_classes) for name in self.files(split)]
         return tuple(torch.from_numpy(np.concatenate([p[i] for p in parts])) for i in (0, 1))
 
-    def meta(self, folder: Path | None = None) -> dict:
-        """What a network trained on this expects; the class names of `folder`'s names file."""
-        names, path = list(self.classes), folder and folder / self.tv.meta["filename"]
-        try:
-            with open(path, "rb") as f:
-                found = [str(n) for n in pickle.load(f, encoding="latin1")[self.tv.meta["key"]]]
-            names = found if len(found) == self.num_classes else names
-        except (TypeError, FileNotFoundError):  # no folder, no names file: the official names
-            pass
-        except Exception as e:  # only the names are lost
-            log.warning("%s is unreadable (%s); using the official class names", path, e)
-        mean, std = list(self.mean), list(self.std)
-        return {"class_names": names, "mean": mean, "std": std, "image_size": [32, 32]}
 
-
-CIFAR10_NAMES = "airplane automobile bird cat deer dog frog horse ship truck".split()
-CIFAR100_NAMES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy
-bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach
-couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
-keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain mouse
-mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
-porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
-snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
-tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split()
 SPECS = {
-    "cifar10": Spec(CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), CIFAR10_NAMES),
-    "cifar100": Spec(CIFAR100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), CIFAR100_NAMES),
+    "cifar10": Spec(CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 10),
+    "cifar100": Spec(CIFAR100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 100),
 }
 
 
-class CIFARDataModule(RestoresTrainLoader, LightningDataModule, seams.DescribesData):
+class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
     """CIFAR-10/100 on the training device, with a seeded validation split of the training set."""
 
     def __init__(
@@ -144,10 +116,6 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule, seams.DescribesD
         self.val_split, self.seed, self.channels_last = val_split, seed, channels_last
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        # What the network expects, kept in checkpoints for predict and export (not downloaded yet).
-        folder = self.spec.find(data_dir) or Path(data_dir) / self.spec.tv.base_folder
-        test_images = str((folder / self.spec.files("test")[0]).resolve())
-        self.meta = self.spec.meta(folder) | {"test_images": test_images}
 
     def prepare_data(self) -> None:
         self.spec.locate(self.data_dir, self.download)

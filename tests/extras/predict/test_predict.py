@@ -20,6 +20,7 @@ from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.data.cifar import SPECS, CIFARDataModule
 from cifar_amp.errors import UserError
 from cifar_amp.extras.predict import prediction
+from cifar_amp.extras.predict.meta import OFFICIAL_NAMES, describe
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
 from cifar_folder import write_cifar_folder
@@ -76,21 +77,27 @@ def probabilities(rows: list[dict]) -> torch.Tensor:
 
 
 def test_datamodule_meta_names_classes_and_normalisation(tmp_path):
-    tiny = CIFARDataModule(
-        data_dir=str(write_cifar_folder(tmp_path, "cifar100")), dataset="cifar100"
-    )
-    assert tiny.meta["class_names"][:2] == ["apple", "aquarium_fish"]  # no names file: official
-    assert len(tiny.meta["class_names"]) == 100 and tiny.meta["image_size"] == [32, 32]
-    assert tiny.meta["mean"] == list(SPECS["cifar100"].mean)
+    root = write_cifar_folder(tmp_path, "cifar100")
+    tiny = describe(CIFARDataModule(data_dir=str(root), dataset="cifar100"))
+    assert tiny["class_names"][:2] == ["apple", "aquarium_fish"]  # no names file: official
+    assert len(tiny["class_names"]) == 100 and tiny["image_size"] == [32, 32]
+    assert tiny["mean"] == list(SPECS["cifar100"].mean)
+    assert tiny["test_images"] == str((root / "cifar-100-python" / "test").resolve())
     folder = write_cifar_folder(tmp_path / "renamed") / "cifar-10-batches-py"
     names = [f"kind{i}" for i in range(10)]
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
-    assert CIFARDataModule(data_dir=str(folder.parent)).meta["class_names"] == names
+    assert describe(CIFARDataModule(data_dir=str(folder.parent)))["class_names"] == names
+    (folder / "batches.meta").write_bytes(b"not a pickle")  # only the names are lost
+    assert describe(CIFARDataModule(data_dir=str(folder.parent)))["class_names"][0] == "airplane"
 
 
-def test_checkpoint_carries_the_datamodule_meta(ckpt, tiny_data):
+def test_checkpoint_carries_the_datamodule_meta(ckpt, tiny_data, make_cfg, tmp_path):
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)["hyper_parameters"]
-    assert saved["data_meta"] == CIFARDataModule(data_dir=str(tiny_data)).meta
+    assert saved["data_meta"] == describe(CIFARDataModule(data_dir=str(tiny_data)))
+    # Without the predict extra's callback a checkpoint has none (predict falls back, below).
+    train(make_cfg("~callbacks.data_meta", "test=false", f"run_dir={tmp_path}/run"))
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert "data_meta" not in last["hyper_parameters"]
 
 
 def test_batch_file_predictions_are_the_tested_networks_own(ckpt, test_batch, tmp_path, capsys):
@@ -100,7 +107,7 @@ def test_batch_file_predictions_are_the_tested_networks_own(ckpt, test_batch, tm
     images, labels = cifar_images(test_batch, 10**6)
     assert len(rows) == len(images) and rows[0]["file"] == "test_batch[0]"
     module = ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
-    meta = module.hparams.data_meta
+    meta = torch.load(ckpt, map_location="cpu", weights_only=False)["hyper_parameters"]["data_meta"]
     x = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
     mean, std = torch.tensor(meta["mean"]), torch.tensor(meta["std"])
     served = DeviceBatches(x, torch.tensor(labels), 4096, mean, std, train=False)
@@ -209,8 +216,11 @@ def test_another_datasets_checkpoint_is_refused(ckpt, tmp_path):
 def test_checkpoints_without_meta(ckpt, test_batch, tmp_path, caplog):
     # Written before data_meta existed (CIFAR-10): its defaults, and a warning that says so.
     rows = run_predict(tmp_path / "legacy", LEGACY_CKPT, test_batch)
-    assert list(rows[0])[4:] == [f"p_{n}" for n in SPECS["cifar10"].classes]
-    assert "predates data_meta: assuming cifar10's" in caplog.text
+    assert list(rows[0])[4:] == [f"p_{n}" for n in OFFICIAL_NAMES[SPECS["cifar10"].tv]]
+    assert (
+        "has no data_meta (written before it, or without the predict extra's callbacks): "
+        "assuming cifar10's" in caplog.text
+    )
     # A DataModule of the user's without `meta`: the normalisation is unknown, so refused.
     raw = torch.load(ckpt, map_location="cpu", weights_only=False)
     raw["hyper_parameters"]["data_meta"] = None

@@ -25,7 +25,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import DatasetFolder
 from torchvision.transforms import v2
 
-from cifar_amp import seams
 from cifar_amp.data.batches import RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_transform
@@ -141,7 +140,7 @@ class Images(Dataset):
             return self.transform(image), label
 
 
-class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, seams.DescribesData):
+class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
     """Images in class folders; a seeded validation split unless `val_dir` is given."""
 
     def __init__(
@@ -279,7 +278,8 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, seams.Desc
 
     @property
     def meta(self) -> dict:
-        """What a checkpoint needs to classify new images: class names and preprocessing; and
+        """What a checkpoint needs to classify new images (the predict extra's DescribesData,
+        which it writes into each checkpoint): class names and preprocessing; and
         `test_images`, the folder tested on (data_dir where there is no test_dir), on which
         export verifies by default."""
         return {

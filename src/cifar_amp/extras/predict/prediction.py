@@ -21,6 +21,7 @@ from cifar_amp.checkpoints import SETTINGS, Checkpoint
 from cifar_amp.data.cifar import SPECS, read_batch
 from cifar_amp.errors import UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_resize, eval_transform
+from cifar_amp.extras.predict.meta import KEY, cifar_meta
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def data_meta(ckpt: Checkpoint) -> dict:
     """What the network expects (class names, mean/std, image size); for a checkpoint without
     `data_meta`, its CIFAR data set's. Without mean/std it is refused; without names, classes
     go by index."""
-    n, meta = ckpt.hparams.get("num_classes"), ckpt.hparams.get("data_meta")
+    n, meta = ckpt.hparams.get("num_classes"), ckpt.hparams.get(KEY)
     where = f"{ckpt.key}={ckpt.path}"
     if meta is None:
         dataset = ckpt.data.get(SETTINGS, {}).get("data.dataset")
@@ -59,9 +60,10 @@ def data_meta(ckpt: Checkpoint) -> dict:
                 "to the DataModule (src/cifar_amp/extras/predict/README.md) and train again"
             )
         log.warning(
-            f"{where} predates data_meta: assuming {dataset}'s normalisation, classes and size"
+            f"{where} has no data_meta (written before it, or without the predict extra's "
+            f"callbacks): assuming {dataset}'s normalisation, classes and size"
         )
-        return SPECS[dataset].meta()
+        return cifar_meta(SPECS[dataset])
     if missing := [k for k in ("mean", "std", "image_size") if not meta.get(k)]:
         raise UserError(
             f"{where}: its data_meta lacks {', '.join(missing)}, which say how the network's "
@@ -153,7 +155,7 @@ def read_batch_file(path: Path, meta: dict, num_classes: int) -> Inputs:
         ) from e
     ours = meta.get("class_names")
     spec = SPECS.get({"labels": "cifar10", "fine_labels": "cifar100"}.get(key))  # by label key
-    theirs = spec and spec.meta(path.parent)["class_names"]
+    theirs = spec and cifar_meta(spec, path.parent)["class_names"]
     if theirs is not None and (list(theirs) != list(ours) if ours else len(theirs) != num_classes):
         trained = f"{num_classes}" + (f": {', '.join(ours[:3])}, ..." if ours else "")
         raise UserError(
