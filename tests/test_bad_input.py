@@ -7,11 +7,10 @@ import pickle
 import shutil
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.strategies import FSDPStrategy
 
 from cifar_amp import build, errors, runs
 from cifar_amp.errors import UserError
@@ -26,7 +25,6 @@ CONFIG_CASES = [
     # (overrides, message fragment)
     (["module.optimizer.lr=-0.1"], "module.optimizer.lr: -0.1; must be > 0"),
     (["data.batch_size=0"], "data.batch_size: 0; must be >= 1"),
-    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val: -1; must be >= 0"),
     (["data.val_split=1.5"], "data.val_split: 1.5; must be in [0, 1)"),
     (["module.compile_mode=fast"], "module.compile_mode: 'fast'; valid: default, reduce-overhead"),
     (  # (16-mixed clips a fused optimizer's gradients: test_train.py)
@@ -61,38 +59,13 @@ def test_bad_config_fails_at_composition(override, message):
     assert message in str(e.value)
 
 
-def test_bf16_on_a_gpu_without_bf16(make_cfg, monkeypatch):
-    for name, value in {
-        "is_available": True,
-        "device_count": 1,
-        "is_bf16_supported": False,
-        "get_device_name": "Tesla V100",
-    }.items():
-        monkeypatch.setattr(torch.cuda, name, lambda *a, v=value, **k: v)
-    cfg = make_cfg("trainer=gpu", "precision=bf16-mixed")
-    with pytest.raises(
-        UserError,
-        match="precision=bf16-mixed: Tesla V100 has no bfloat16 support; valid here: 16-mixed",
-    ):
-        build.trainer(cfg)
-
-
-def test_16_mixed_with_lightnings_sharding_strategies_is_refused():
-    # They take only their own plugins, made from the Trainer's precision name, which would drop
+def test_16_mixed_with_lightnings_fsdp_is_refused_by_lightning():
+    # FSDP takes only its own plugins, made from the Trainer's precision name, which would drop
     # precision.scaler; the sharding extra's strategies make theirs from it (tests/extras/sharding/).
-    # FSDP: Lightning refuses ours when the Trainer's connector gives it to the strategy (and
-    # FSDP on CPU before that); DeepSpeed takes any, so the core refuses it.
+    # Lightning refuses ours when the Trainer's connector gives it to the strategy. (DeepSpeed
+    # takes any: the guards extra refuses it, tests/extras/guards/.)
     with pytest.raises(TypeError, match="FSDP strategy can only work with the `FSDPPrecision`"):
         FSDPStrategy().precision_plugin = Precision("16-mixed").plugin("cpu")
-    deepspeed = object.__new__(DeepSpeedStrategy)  # its constructor needs deepspeed installed
-    ours = Precision("16-mixed").plugin("cpu")
-    trainer = SimpleNamespace(strategy=deepspeed, precision_plugin=ours)
-    with pytest.raises(
-        UserError,
-        match="precision=16-mixed with DeepSpeedStrategy would lose precision.scaler; use "
-        "trainer=deepspeed",
-    ):
-        Precision("16-mixed").setup(trainer)
 
 
 def _break_data(folder, how):

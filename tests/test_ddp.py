@@ -19,7 +19,6 @@ from omegaconf import OmegaConf
 from cifar_amp import build, cli, metrics
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
-from cifar_amp.training import train
 from conftest import CPU_DDP, REPO, SHRINK
 
 TWO_RANKS = ("trainer.accelerator=cpu", "trainer.devices=2", f"trainer.strategy={CPU_DDP}")
@@ -99,16 +98,6 @@ def test_strategies_whose_ranks_are_started_per_stage_are_known():
         {"_target_": "lightning.pytorch.strategies.DDPStrategy", "start_method": "spawn"}
     )
     assert build.per_stage_ranks(node) == "spawn"
-
-
-@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork_find_unused_parameters_true"])
-def test_train_from_python_refuses_ranks_started_per_stage(make_cfg, tmp_path, strategy):
-    # From a command they are started once (test_ddp_spawn_..._like_ddp); from Python they
-    # cannot be, and the run would lose its CSV log and epoch count.
-    cfg = make_cfg("trainer.devices=2", f"trainer.strategy={strategy}", f"run_dir={tmp_path}/run")
-    with pytest.raises(UserError, match=f"trainer.strategy={strategy}: ranks started by"):
-        train(cfg)
-    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("fails", [False, True])

@@ -66,11 +66,7 @@ def loggers(cfg: DictConfig, resumed: dict | None = None) -> dict:
 
 def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), loggers=(), **overrides):
     """The Trainer of `cfg.trainer` (`overrides` win) with its precision's plugin, then set up."""
-    t, prec = cfg.trainer, prec or precision(cfg)
-    if (clip := t.get("gradient_clip_val")) is not None and clip < 0:
-        raise UserError(f"invalid config value for trainer.gradient_clip_val: {clip}; must be >= 0")
-    if t.get("accumulate_grad_batches", 1) < 1:
-        raise UserError("invalid config value for trainer.accumulate_grad_batches: must be >= 1")
+    t, prec, clip = cfg.trainer, prec or precision(cfg), cfg.trainer.get("gradient_clip_val")
     if (start := per_stage_ranks(t.strategy)) and HydraConfig.initialized():
         if isinstance(s := t.strategy, str):  # a registered name: its class and arguments
             s = dict(StrategyRegistry[s]["init_params"], _target_=StrategyRegistry[s]["strategy"])

@@ -6,13 +6,12 @@ from typing import Annotated, Optional
 import torch
 from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from lightning.pytorch.plugins.precision import MixedPrecision
-from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from cifar_amp import metrics, seams
 from cifar_amp.config import Nested
-from cifar_amp.errors import InvalidArgument, UserError
+from cifar_amp.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
@@ -73,19 +72,7 @@ class Precision:
 
     def setup(self, trainer) -> None:
         """For the device the Trainer chose: TF32, the layout, a log line."""
-        # Lightning's FSDP refuses our plugin; its DeepSpeed takes it, and its engine bypasses it.
-        deepspeed = isinstance(trainer.strategy, DeepSpeedStrategy)
-        if deepspeed and isinstance(trainer.precision_plugin, MixedPrecision):
-            raise UserError(
-                f"precision={self.name} with {type(trainer.strategy).__name__} would lose "
-                "precision.scaler; use trainer=deepspeed (the sharding extra), or bf16-mixed"
-            )
         device = trainer.strategy.root_device
-        if device.type == "cuda" and "bf16" in self.name and not torch.cuda.is_bf16_supported():
-            raise UserError(
-                f"precision={self.name}: {torch.cuda.get_device_name(device)} has no bfloat16 "
-                "support; valid here: 16-mixed, 32-true, 16-true"
-            )
         if device.type == "cuda":  # process-wide switches that only CUDA reads
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
         self.layout = self.channels_last(device.type)

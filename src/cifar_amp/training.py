@@ -10,13 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
-from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import build, checkpoints, metrics, runs, seams
 from cifar_amp.checkpoints import Checkpoint
-from cifar_amp.errors import UserError
 from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -45,11 +43,6 @@ def train(cfg: DictConfig) -> dict:
 def build_run(cfg: DictConfig) -> Run:
     """Everything the run needs, range-checked, and the resume checked; nothing is written yet."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    if (start := build.per_stage_ranks(cfg.trainer.strategy)) and not HydraConfig.initialized():
-        raise UserError(  # a command starts them once (build.trainer); a script cannot
-            f"trainer.strategy={cfg.trainer.strategy}: ranks started by {start} restart for fit and"
-            " test, losing the CSV log and epoch count; run train.py, or trainer.strategy=ddp here"
-        )
     prec, callbacks = build.precision(cfg), build.callbacks(cfg)
     source = checkpoints.resume_source(cfg)
     resumed = Checkpoint(source, trust=cfg.trust_checkpoint) if source else None

@@ -1,15 +1,20 @@
 """Extra (docs/fork.md): trainer settings that Lightning would accept but that would not do what
 was asked are refused on one line, before the run writes anything: a device that is not here,
 more CPU processes than cores, a DDP run of one process on CPU, several devices under a strategy
-of one. Without it, Lightning's own behaviour (or its one-line refusal) applies."""
+of one, ranks that a script would restart per stage, bfloat16 on a GPU without it, 16-mixed
+under Lightning's DeepSpeed, a negative clip value or accumulation. Without it, Lightning's own
+behaviour (or its one-line refusal) applies."""
 
 import os
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning import Callback
 from lightning.pytorch.accelerators import AcceleratorRegistry
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
+from cifar_amp.build import per_stage_ranks
 from cifar_amp.errors import UserError
 from cifar_amp.seams import BeforeRun
 
@@ -29,6 +34,20 @@ class TrainerGuards(Callback, BeforeRun):
             )
 
     def before_run(self, trainer, pl_module) -> None:
+        if (start := per_stage_ranks(self.strategy)) and not HydraConfig.initialized():
+            raise UserError(  # a command starts them once (build.trainer); a script cannot
+                f"trainer.strategy={self.strategy}: ranks started by {start} restart for fit and"
+                " test, losing the CSV log and epoch count; run train.py, or trainer.strategy=ddp here"
+            )
+        for key, value, least in (
+            ("gradient_clip_val", trainer.gradient_clip_val, 0),  # Lightning: no clipping
+            ("accumulate_grad_batches", trainer.accumulate_grad_batches, 1),
+        ):
+            if value is not None and value < least:
+                raise UserError(
+                    f"invalid config value for trainer.{key}: {value}; must be >= {least}"
+                )
+        _precision(trainer)
         cores, cpu = os.cpu_count() or 1, trainer.strategy.root_device.type == "cpu"
         asked = f"trainer.devices={self.devices}"
         if cpu and trainer.num_devices > cores:
@@ -44,6 +63,23 @@ class TrainerGuards(Callback, BeforeRun):
             raise UserError(
                 f"{asked} with trainer.strategy={self.strategy}: that strategy runs on one "
                 "device; use trainer.strategy=ddp (or auto) for several, or trainer.devices=1"
+            )
+
+
+def _precision(trainer) -> None:
+    """bfloat16 where the GPU has none (autocast would fall back to float32 with a warning), and
+    the core's 16-mixed plugin under Lightning's DeepSpeed, whose engine bypasses it."""
+    name, device = trainer.precision, trainer.strategy.root_device
+    if device.type == "cuda" and "bf16" in name and not torch.cuda.is_bf16_supported():
+        raise UserError(
+            f"precision={name}: {torch.cuda.get_device_name(device)} has no bfloat16 "
+            "support; valid here: 16-mixed, 32-true, 16-true"
+        )
+    if isinstance(trainer.strategy, DeepSpeedStrategy):
+        if isinstance(trainer.precision_plugin, MixedPrecision):
+            raise UserError(
+                f"precision={name} with {type(trainer.strategy).__name__} would lose "
+                "precision.scaler; use trainer=deepspeed (the sharding extra), or bf16-mixed"
             )
 
 
