@@ -38,8 +38,12 @@ def build(node, key: str, recursive: bool = True, **kwargs):
         raise UserError(f"cannot build {key}: {type(cause).__name__}: {cause}") from e
 
 
-def precision(cfg: DictConfig) -> Precision:
-    return build(cfg.precision, "precision")
+def precision(cfg: DictConfig, started_from=None) -> Precision:
+    """`cfg.precision`; auto (seams.FollowsCheckpoint) takes the mode `started_from` records."""
+    prec = build(cfg.precision, "precision")
+    if started_from and isinstance(prec, seams.FollowsCheckpoint):
+        prec.adopt(started_from.settings.get("precision"))
+    return prec
 
 
 def callbacks(cfg: DictConfig) -> list[L.Callback]:

@@ -5,7 +5,7 @@ from pathlib import Path
 import lightning as L
 from omegaconf import DictConfig
 
-from cifar_amp import build, metrics, runs, seams
+from cifar_amp import build, metrics, runs
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.training import results, tested
@@ -17,9 +17,7 @@ def evaluate(cfg: DictConfig) -> dict:
         raise UserError("ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/last.ckpt")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
-    prec = build.precision(cfg)
-    if isinstance(prec, seams.FollowsCheckpoint):  # auto: the mode the checkpoint trained in
-        prec.adopt(ckpt.settings.get("precision"))
+    prec = build.precision(cfg, ckpt)  # auto: the mode the checkpoint trained in
     trainer = build.trainer(cfg, prec, loggers=build.loggers(cfg).values())
     dm = build.datamodule(cfg, prec.layout)
     module = ckpt.module(channels_last=prec.layout)

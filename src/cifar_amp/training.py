@@ -1,7 +1,6 @@
 """Train, then test the best checkpoint, from a composed config. `train.py` hands over here."""
 
 import contextlib
-import inspect
 import json
 import logging
 import signal
@@ -43,13 +42,11 @@ def train(cfg: DictConfig) -> dict:
 def build_run(cfg: DictConfig) -> Run:
     """Everything the run needs, range-checked, and the resume checked; nothing is written yet."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    prec, callbacks = build.precision(cfg), build.callbacks(cfg)
     source = checkpoints.resume_source(cfg)
     resumed = Checkpoint(source, trust=cfg.trust_checkpoint) if source else None
+    prec, callbacks = build.precision(cfg, resumed), build.callbacks(cfg)
     settings = checkpoints.run_settings(cfg)
     if resumed:  # first: it names the setting that differs
-        if isinstance(prec, seams.FollowsCheckpoint):  # auto: the choice of the run resumed
-            prec.adopt(resumed.settings.get("precision"))
         resumed.check_settings(settings | {"precision": prec.name})
     loggers = build.loggers(cfg, resumed and resumed.data)
     callbacks.append(checkpoints.Record(settings, loggers, prec))
@@ -108,15 +105,11 @@ def report(run: Run, test_metrics: dict) -> dict:
     head = {metrics.EPOCHS: run.trainer.current_epoch, metrics.FIT_SECONDS: run.fit_seconds}
     best = {metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST)}  # null without validation
     result = results(run.cfg, run.precision.record() | head | best | fitted | test_metrics)
-    # The rest, and the sweeps' objective, go with the hyperparameters where a logger takes both.
+    # The rest, and the sweeps' objective (the tracking extra's TensorBoard: with the config too)
     numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
     new = {k: v for k, v in numbers.items() if k not in fitted or k == metrics.VAL_ACC_BEST}
     for lg in run.trainer.loggers:
-        if "metrics" in inspect.signature(lg.log_hyperparams).parameters:
-            config = OmegaConf.to_container(run.cfg, resolve=True)
-            lg.log_hyperparams(config, metrics=new, step=step)
-        else:
-            lg.log_metrics(new, step=step)
+        lg.log_metrics(new, step=step)
         lg.finalize("finished")  # the job's last call (Lightning's "success" ends each stage)
     return result
 

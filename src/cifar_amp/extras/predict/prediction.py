@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from cifar_amp import build, runs, seams
+from cifar_amp import build, runs
 from cifar_amp.checkpoints import SETTINGS, Checkpoint
 from cifar_amp.data.cifar import SPECS, read_batch
 from cifar_amp.errors import UserError
@@ -190,9 +190,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
         raise UserError(f"invalid config value for batch_size: {cfg.batch_size}; must be >= 1")
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
     meta = data_meta(ckpt)
-    prec = build.precision(cfg)
-    if isinstance(prec, seams.FollowsCheckpoint):  # auto: the mode the checkpoint trained in
-        prec.adopt(ckpt.settings.get("precision"))
+    prec = build.precision(cfg, ckpt)  # auto: the mode the checkpoint trained in
     trainer = build.trainer(cfg, prec)
     if trainer.world_size > 1:
         raise UserError(

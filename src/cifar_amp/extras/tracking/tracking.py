@@ -107,3 +107,22 @@ class WandbLogger(loggers.WandbLogger, TrackedRun):
 
         if status != "success" and wandb.run is not None and wandb.run.id == self.version:
             wandb.finish(exit_code=0 if status == "finished" else 1)
+
+
+class TensorBoardLogger(loggers.TensorBoardLogger):
+    """Lightning's TensorBoardLogger, whose HPARAMS tab shows the run's final numbers with its
+    config: the metrics the core logs last (training.report, before `finalize("finished")`) go
+    with the hyperparameters logged first."""
+
+    _last: tuple[dict, int | None] = ({}, None)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self._last = (metrics, step)
+        super().log_metrics(metrics, step)
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        if status == "finished" and self._last[0]:
+            super().log_hyperparams(self.hparams, metrics=self._last[0], step=self._last[1])
+        super().finalize(status)
