@@ -511,7 +511,7 @@ def _batch_note(row: dict) -> str:
 
 def main() -> None:
     register()
-    cli.main(run, CONFIG_NAME, BenchConfig)
+    cli.main(run, CONFIG_NAME, BenchConfig, entry=__spec__.name)
 
 
 if __name__ == "__main__":

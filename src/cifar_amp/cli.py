@@ -23,10 +23,11 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 JOB_RUNNER = "job_runner"  # `hydra.callbacks.<this>`: the seams.JobRunner that runs each job
 
 
-def main(task: Callable[[DictConfig], Any], name: str, schema: type | None = None) -> None:
-    """Check the command line, then run `task` under Hydra: configs/<name>.yaml, schema `schema`."""
+def main(task: Callable[[DictConfig], Any], name: str, schema=None, entry: str | None = None):
+    """Check the command line, then run `task` under Hydra: configs/<name>.yaml, schema `schema`;
+    `entry` is the command in messages (default `<name>.py`; `python -m` a module: its name)."""
     config.register(CONFIGS, {name: schema} if schema else None)
-    check_overrides(sys.argv[1:], CONFIGS, name)
+    check_overrides(sys.argv[1:], CONFIGS, name, entry)
     hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=name)(job(task))()
 
 
@@ -60,7 +61,7 @@ def end_process_group() -> None:
         dist.destroy_process_group()
 
 
-def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None:
+def check_overrides(argv: list[str], config_dir: Path, config_name: str, entry=None) -> None:
     """Exit 2 with one line for an override that cannot compose; each swept value composed once."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return
@@ -74,7 +75,7 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str) -> None
     jobs = [first] + [[*first[:i], x, *first[i + 1 :]] for i, v in enumerate(values) for x in v[1:]]
     with hydra.initialize_config_dir(str(config_dir), version_base="1.3"):
         if config_name != "train":
-            _check_entry_keys(overrides, parsed, config_dir, config_name)
+            _check_entry_keys(overrides, parsed, config_dir, config_name, entry)
         for job_argv in jobs:
             _check_job(job_argv, config_dir, config_name, multirun=len(overrides) < len(argv))
 
@@ -86,13 +87,9 @@ def _values(arg: str, o) -> list[str]:
         return [] if o.is_sweep_override() else [arg]
 
 
-def _check_entry_keys(argv: list[str], parsed: list, config_dir: Path, config_name: str) -> None:
+def _check_entry_keys(argv: list[str], parsed: list, config_dir: Path, name: str, entry=None):
     """A train.py override given to another entry (Hydra would ignore it): where it comes from."""
-    ours = set(hydra.compose(config_name))
-    script = config_dir.parent / f"{config_name}.py"  # else `python -m` an extra's module:
-    module = next(config.EXTRAS.glob(f"*/{config_name}.py"), config.EXTRAS / config_name)
-    module = ".".join(module.relative_to(config.EXTRAS.parents[1]).with_suffix("").parts)
-    entry = script.name if script.is_file() else module
+    ours, entry = set(hydra.compose(name)), entry or f"{name}.py"
     groups = {p.name for p in config_dir.iterdir() if p.is_dir()} - {"hydra"}
     for arg, o in zip(argv, parsed, strict=True):
         top = o.key_or_group.split(".")[0].split("@")[0]

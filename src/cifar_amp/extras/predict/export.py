@@ -186,4 +186,4 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     from cifar_amp import cli
 
-    cli.main(main, "export", ExportConfig)
+    cli.main(main, "export", ExportConfig, entry=__spec__.name)  # as `python -m` names it
