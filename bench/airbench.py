@@ -29,7 +29,11 @@ def run(script: str | Path, data_dir: Path, work: Path, deadline: float) -> dict
     for split in ("train", "test"):
         x, y = SPEC.read(SPEC.find(data_dir), split)
         images = x.permute(0, 2, 3, 1).contiguous()  # NHWC uint8, as torchvision gives them
-        saved = {"images": images, "labels": y, "classes": [str(i) for i in range(SPEC.num_classes)]}  # (unused)
+        saved = {
+            "images": images,
+            "labels": y,
+            "classes": [str(i) for i in range(SPEC.num_classes)],
+        }  # (unused)
         torch.save(saved, folder / "cifar10" / f"{split}.pt")
     command = [sys.executable, str(Path(script).resolve())]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}

@@ -79,11 +79,6 @@ class Precision:
         tf32 = f", TF32 {'on' if self.tf32 else 'off'}" if device.type == "cuda" else ""
         layout = "channels_last" if self.layout else "NCHW"
         log.info(f"Precision: {self.name}, layout {layout}{tf32}")
-        if device.type == "cpu" and self.name.startswith("16"):  # float16
-            log.warning(
-                f"Precision: {self.name} on CPU: float16 has no fast CPU kernels, so steps take "
-                "many times as long as in 32-true; for speed use precision=bf16-mixed (or 32-true)"
-            )
 
     def plugin(self, device: str) -> MixedPrecision:
         return Float16Mixed("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))

@@ -115,6 +115,20 @@ def test_fit_start_lines(make_cfg, caplog):
     assert "Gradient clipping: by norm at 2.0" in text  # the default trainer's (Lightning's None)
 
 
+@pytest.mark.parametrize("prec", ["16-mixed", "16-true", "bf16-mixed", "32-true"])
+def test_fit_start_says_what_float16_costs_on_cpu_and_what_to_use(make_cfg, prec, caplog):
+    # 16-mixed took 14.6x as long as 32-true on a 2-core CPU, and nothing said so.
+    fit_start_log(make_cfg, caplog, prec)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if prec.startswith("16"):
+        assert any(
+            m.startswith(f"Precision: {prec} on CPU:") and "use precision=bf16-mixed" in m
+            for m in warned
+        )
+    else:
+        assert not any("on CPU:" in m for m in warned)
+
+
 def test_true_half_precision_parameters_are_counted(make_cfg, caplog):
     text = fit_start_log(make_cfg, caplog, "bf16-true")
     assert "Parameter dtypes: bfloat16: 8 tensors" in text
