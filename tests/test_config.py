@@ -53,7 +53,6 @@ def test_model_arguments_are_typed_from_the_constructor(make_cfg):
 @pytest.mark.parametrize(
     "override,key",
     [
-        ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"),
         ("trainer.gradient_clip_algorithm=max", "gradient_clip_algorithm` max is invalid"),
         ("data.batch_size=0", "data.batch_size"),
         ("data.val_split=1.5", "data.val_split"),
