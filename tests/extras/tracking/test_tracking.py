@@ -62,6 +62,7 @@ CRASH_AT_14 = (
 
 
 def test_tensorboard_gets_the_config_curves_and_final_metrics(make_cfg, tmp_path):
+    from tensorboard.backend.event_processing import event_file_loader
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -72,6 +73,12 @@ def test_tensorboard_gets_the_config_curves_and_final_metrics(make_cfg, tmp_path
     final = numeric_results(tmp_path)
     for key, value in final.items():
         assert events.Scalars(key)[-1].value == pytest.approx(value), key
+    # Each written once (the accumulator would hide a repeat at the same step): fit_seconds by
+    # the core's report alone.
+    loader = event_file_loader.EventFileLoader
+    files = (tmp_path / "tensorboard").glob("events.*")
+    tags = [v.tag for f in files for e in loader(str(f)).Load() for v in e.summary.value]
+    assert tags.count(metrics.FIT_SECONDS) == 1
     content = events.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
     hparams = start.session_start_info.hparams

@@ -118,8 +118,10 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        self._last = (metrics, step)
-        super().log_metrics(metrics, step)
+        # finalize's log_hyperparams passes the same dict on to here: written once is enough
+        if metrics is not self._last[0]:
+            self._last = (metrics, step)
+            super().log_metrics(metrics, step)
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
