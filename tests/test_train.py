@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from cifar_amp import build, cli, metrics, seams
 from cifar_amp.evaluation import evaluate
-from cifar_amp.precision import Float16Mixed
+from cifar_amp.precision import Autocast
 from cifar_amp.training import build_run, train
 from conftest import deterministic, options
 
@@ -48,7 +48,7 @@ def test_16_mixed_on_cpu_is_float16_with_a_real_scaler(make_cfg):
         "precision.scaler.growth_interval=7",
     )
     plugin = build.trainer(cfg, build.precision(cfg)).precision_plugin
-    assert type(plugin) is Float16Mixed and type(plugin.scaler) is torch.amp.GradScaler
+    assert type(plugin) is Autocast and type(plugin.scaler) is torch.amp.GradScaler
     assert plugin.device == "cpu" and plugin.precision == "16-mixed"
     with plugin.forward_context():
         assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float16
@@ -99,10 +99,11 @@ def fit(cfg, *callbacks):
     return trainer, module
 
 
+FOREACH = ("module.optimizer.fused=false",)
 FUSED_CLIPPED = ("module.optimizer.fused=true", "trainer.gradient_clip_val=1.0")
 
 
-@pytest.mark.parametrize("overrides", [(), FUSED_CLIPPED], ids=["foreach", "fused-clipped"])
+@pytest.mark.parametrize("overrides", [FOREACH, FUSED_CLIPPED], ids=["foreach", "fused-clipped"])
 def test_fp16_overflow_skips_the_step_and_backs_off_the_scale(make_cfg, overrides):
     # A scale this large overflows float16 gradients on the first backward. A fused step skips
     # itself on the device's inf flag (its gradients unscaled and clipped before it: precision.py).
@@ -151,7 +152,8 @@ def test_the_default_recipe_clips_by_norm_and_the_quick_recipe_does_not(make_cfg
 
 def test_clipping_acts_on_unscaled_gradients(make_cfg):
     clip, recs, nets = 1e-3, {}, {}
-    cases = {"32-true": (), "16-mixed": (), "16-mixed fused": ("module.optimizer.fused=true",)}
+    foreach = ("module.optimizer.fused=false",)  # the default optimizer is fused
+    cases = {"32-true": (), "16-mixed": foreach, "16-mixed fused": (), "bf16-mixed fused": ()}
     for case, overrides in cases.items():
         cfg = make_cfg(
             f"precision={case.split()[0]}",
@@ -176,6 +178,8 @@ def test_clipping_acts_on_unscaled_gradients(make_cfg):
     # the optimizer steps with norm == clip: clipped after unscaling (not clip / 4096)
     assert fp16.seen_grad_norms == pytest.approx([clip] * 3, rel=1e-3)
     assert fp32.seen_grad_norms == pytest.approx([clip] * 3, rel=1e-3)
+    # bf16-mixed clips a fused optimizer too (Lightning's own plugin refuses it)
+    assert recs["bf16-mixed fused"].seen_grad_norms == pytest.approx([clip] * 3, rel=1e-2)
 
 
 def test_resume_restores_everything_and_matches_an_uninterrupted_run(make_cfg, tmp_path):
@@ -287,7 +291,7 @@ def test_the_trainer_is_built_with_the_16_mixed_plugin_and_keeps_it(make_cfg):
     trainer = build.trainer(cfg, build.precision(cfg))
     plugin = trainer.strategy.precision_plugin
     assert plugin is trainer._accelerator_connector.precision_plugin
-    assert type(plugin) is Float16Mixed and plugin.scaler.get_scale() == 512
+    assert type(plugin) is Autocast and plugin.scaler.get_scale() == 512
     for node in cfg.trainer.get("plugins") or []:  # the reliability extra's checkpoint IO
         assert type(trainer.strategy.checkpoint_io).__name__ == node._target_.rsplit(".", 1)[1]
 

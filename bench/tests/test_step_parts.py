@@ -8,7 +8,7 @@ from bench import step_parts as S
 
 def test_each_case_takes_away_what_it_names():
     base = G.compose([])
-    parts = set(base.callbacks) - set(S.CHECKPOINTERS)
+    parts = set(base.callbacks) - set(S.KEPT)
     assert "precision_diagnostics" in parts  # (the bench needs the diagnostics extra)
     for label, overrides in S.cases(base.callbacks):
         cfg = G.compose(overrides)  # `~callbacks.<name>` of a name the config lacks fails here
@@ -17,7 +17,7 @@ def test_each_case_takes_away_what_it_names():
         assert gone == ({"precision_diagnostics"} if label == "no diagnostics" else expected), label
         clipped = cfg.trainer.gradient_clip_val is not None
         assert clipped is not ("no clipping" in label), label
-        assert bool(cfg.module.optimizer.fused) is ("fused" in label), label
+        assert bool(cfg.module.optimizer.fused) is ("foreach" not in label), label
 
 
 def test_a_fork_without_some_extras_gets_the_cases_of_its_callbacks():

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
@@ -50,6 +50,8 @@ def callbacks(cfg: DictConfig) -> list[L.Callback]:
     out = [build(c, f"callbacks.{k}") for k, c in (cfg.get("callbacks") or {}).items() if c]
     if not cfg.get("logger"):  # LearningRateMonitor refuses to run without a logger
         out = [c for c in out if not isinstance(c, LearningRateMonitor)]
+    if cfg.trainer.get("enable_progress_bar") is False:  # Lightning refuses a bar then
+        out = [c for c in out if not isinstance(c, ProgressBar)]
     return out
 
 
@@ -78,21 +80,20 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
         log.info(f"Ranks started once, by re-running this command as ddp's, not by {start}")
     if "strategy" not in overrides and isinstance(t.strategy, Mapping):  # it may make the plugin
         overrides["strategy"] = build(t.strategy, "trainer.strategy")
-    sharded = isinstance(strategy := overrides.get("strategy", t.strategy), seams.Float16Plugin)
-    # Lightning clips a fused optimizer's gradients only in our 16-mixed (precision.py).
-    ours = prec.name == "16-mixed" and not sharded
-    if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts and not ours:
-        under = prec.name + (f" with {type(strategy).__name__}" if sharded else "")
-        raise UserError(
-            f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
-            f"precision={under}: Lightning does not clip a fused optimizer's gradients there; "
-            "add trainer.gradient_clip_val=null (the default trainer clips) or "
-            "module.optimizer.fused=false" + ("" if sharded else ", or use precision=16-mixed")
-        )
+    # Lightning's sharded plugins do not clip a fused optimizer's gradients (ours do).
+    if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
+        strategy = overrides.get("strategy", t.strategy)
+        if isinstance(strategy, seams.Float16Plugin):
+            raise UserError(
+                f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
+                f"precision={prec.name} with {type(strategy).__name__}: Lightning does not clip a "
+                "fused optimizer's gradients there; add trainer.gradient_clip_val=null (the "
+                "default trainer clips) or module.optimizer.fused=false"
+            )
     if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
         overrides.setdefault("benchmark", not t.get("deterministic"))
     accelerator = overrides.get("accelerator", t.get("accelerator"))
-    args = prec.trainer_args(accelerator, strategy)
+    args = prec.trainer_args(accelerator, overrides.get("strategy", t.strategy))
     if "plugins" in args:  # beside the configured ones (the reliability extra's checkpoint IO)
         configured = build(t.plugins, "trainer.plugins") if t.get("plugins") else []
         args["plugins"][:0] = configured if isinstance(configured, list) else [configured]

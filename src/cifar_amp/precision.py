@@ -41,8 +41,9 @@ class Precision:
                 raise InvalidArgument(f"scaler.{key}", s[key], rule)
 
     def trainer_args(self, accelerator, strategy) -> dict:
-        """Under 16-mixed our plugin with `scaler` (Lightning's would drop it); else `precision`."""
-        if self.name != "16-mixed":
+        """Under 16-mixed and bf16-mixed our plugin (16-mixed: with `scaler`, which Lightning's
+        would drop; both: fused optimizers clipped); else `precision`, for Lightning to make."""
+        if not self.autocasts:
             return {"precision": self.name}
         # Autocast's device, as Lightning's 16-mixed picks it from `trainer.accelerator` (private)
         if accelerator in (None, "auto"):
@@ -51,11 +52,13 @@ class Precision:
             accelerator = _AcceleratorConnector._choose_gpu_accelerator_backend()
         device = accelerator if accelerator in ("cpu", "mps") else "cuda"
         if isinstance(strategy, seams.Float16Plugin):
+            if self.name != "16-mixed":
+                return {"precision": self.name}
             return {"plugins": [strategy.float16_plugin(self.scaler, device)]}
         return {"plugins": [self.plugin(device)]}
 
     @property
-    def autocasts(self) -> bool:  # whether steps may autocast (clipping a fused step: build.py)
+    def autocasts(self) -> bool:  # whether steps autocast (under our plugin, unless sharded)
         return self.name in ("16-mixed", "bf16-mixed")
 
     def channels_last(self, device: str) -> bool:
@@ -80,18 +83,23 @@ class Precision:
         layout = "channels_last" if self.layout else "NCHW"
         log.info(f"Precision: {self.name}, layout {layout}{tf32}")
 
-    def plugin(self, device: str) -> MixedPrecision:
-        return Float16Mixed("16-mixed", device, torch.amp.GradScaler(device, **self.scaler))
+    def plugin(self, device: str, name: str | None = None) -> MixedPrecision:
+        """The autocast plugin of mode `name` (default: this one's), 16-mixed or bf16-mixed."""
+        name = name or self.name
+        scaler = torch.amp.GradScaler(device, **self.scaler) if name == "16-mixed" else None
+        return Autocast(name, device, scaler)
 
 
-class Float16Mixed(MixedPrecision):
-    """16-mixed, one step in order (Lightning's MixedPrecision.optimizer_step): backward of the
-    scaled loss; `scaler.unscale_` unless the optimizer is fused; the on_before_optimizer_step
-    hooks; clipping (below); `scaler.step`, skipped on inf/nan; `scaler.update`. Lightning
-    refuses to clip for a fused optimizer, which unscales inside its step; since torch 2.1
-    (pytorch#94060) a fused step after `unscale_` takes only the inf flag, on the device. So
-    clipping unscales first, and the step never waits for the device, where a foreach
-    optimizer's `scaler.step` reads the flag on the host every step."""
+class Autocast(MixedPrecision):
+    """Lightning's MixedPrecision, which also clips a fused optimizer's gradients. A 16-mixed
+    step in order (Lightning's MixedPrecision.optimizer_step): backward of the scaled loss;
+    `scaler.unscale_` unless the optimizer is fused; the on_before_optimizer_step hooks;
+    clipping (below); `scaler.step`, skipped on inf/nan; `scaler.update`. Lightning refuses to
+    clip for a fused optimizer, which unscales inside its step; since torch 2.1 (pytorch#94060)
+    a fused step after `unscale_` takes only the inf flag, on the device. So clipping unscales
+    first, and the step never waits for the device, where a foreach optimizer's `scaler.step`
+    reads the flag on the host every step. Under bf16-mixed there is nothing to unscale, and
+    Lightning refuses all the same."""
 
     # Checkpoints keep the GradScaler's state under the plugin's qualified name: Lightning's key,
     # so that a resume restores it whichever of the two wrote it.
@@ -100,6 +108,28 @@ class Float16Mixed(MixedPrecision):
     def clip_gradients(
         self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM
     ):
-        if clip_val > 0 and _optimizer_handles_unscaling(optimizer):
+        if clip_val > 0 and self.scaler is not None and _optimizer_handles_unscaling(optimizer):
             self.scaler.unscale_(optimizer)
         super(MixedPrecision, self).clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        if self.scaler is not None and _optimizer_handles_unscaling(optimizer):
+            _start_momentum(optimizer)
+        return super().optimizer_step(optimizer, model, closure, **kwargs)
+
+
+def _start_momentum(optimizer) -> None:
+    """torch's fused SGD makes its momentum buffers with `empty_like` at its first step, and
+    leaves them unset when the GradScaler skips that step (an overflow, routine at float16's
+    first steps): the next step reads whatever the memory held. Zeros instead, once, which with
+    no dampening is the first step's own buffer: momentum * 0 + gradient."""
+    groups = len(optimizer.param_groups)  # fine-tuning may add one later
+    if not isinstance(optimizer, torch.optim.SGD) or optimizer.__dict__.get("_started") == groups:
+        return
+    for group in optimizer.param_groups:
+        if group["momentum"] and not group["dampening"]:
+            for p in group["params"]:
+                state = optimizer.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+    optimizer._started = groups

@@ -23,7 +23,7 @@ from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
 from cifar_amp.extras.auto_precision import autoprecision as A
 from cifar_amp.module import ImageClassifier
-from cifar_amp.precision import Float16Mixed
+from cifar_amp.precision import Autocast
 from cifar_amp.training import build_run, train
 from conftest import CPU_DDP, requires_cuda
 from test_ddp import TWO_RANKS, plain
@@ -201,11 +201,17 @@ def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
     assert tested[metrics.PRECISION] == chosen
 
 
-def test_auto_with_clipping_and_a_fused_optimizer_is_refused(make_cfg):
-    with pytest.raises(UserError, match="under precision=auto"):
-        build_run(
-            make_cfg("precision=auto", "module.optimizer.fused=true", "trainer.gradient_clip_val=1")
-        )
+def test_every_auto_candidate_clips_a_fused_optimizers_gradients():
+    # The default recipe's fused SGD with clipping: Lightning's MixedPrecision refuses to clip it
+    # (it was refused under auto); the core's plugin clips it in every mode.
+    for name in A.SAFEST_FIRST:
+        plugin, p = A.AutoPrecision().plugin("cpu", name), nn.Parameter(torch.ones(4))
+        scaler = getattr(plugin, "scaler", None)  # 16-mixed: the gradients are scaled
+        scale = scaler.scale(torch.ones(())).item() if scaler is not None else 1.0
+        p.grad = torch.full((4,), 3.0 * scale)  # norm 6, unscaled
+        optimizer = torch.optim.SGD([p], lr=0.1, fused=True)
+        plugin.clip_gradients(optimizer, 1.0)
+        assert torch.linalg.vector_norm(p.grad).item() == pytest.approx(1.0, rel=1e-4), name
 
 
 def test_auto_candidates_get_their_plugins():
@@ -213,7 +219,7 @@ def test_auto_candidates_get_their_plugins():
     made = {name: A.AutoPrecision().plugin("cpu", name) for name in A.SAFEST_FIRST}
     for name, plugin in made.items():
         assert plugin.precision == name
-        mixed = {"16-mixed": Float16Mixed, "bf16-mixed": MixedPrecision}  # 16-mixed: the core's
+        mixed = {"16-mixed": Autocast, "bf16-mixed": Autocast}  # the core's
         assert type(plugin) is mixed.get(name, Plugin)
 
 

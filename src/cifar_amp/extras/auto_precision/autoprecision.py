@@ -280,9 +280,9 @@ class AutoPrecision(Precision, FollowsCheckpoint):
 
     def plugin(self, device: str, name: str | None = None) -> plugins.Precision:
         """Mode `name`'s plugin (default: the chosen mode's): each candidate's in the probe."""
-        if (name := name or self.name) == "16-mixed":
-            return super().plugin(device)
-        return plugins.MixedPrecision(name, device) if name == "bf16-mixed" else plugins.Precision()
+        if (name := name or self.name) in ("16-mixed", "bf16-mixed"):
+            return super().plugin(device, name)
+        return plugins.Precision()
 
     def use(self, trainer, name: str) -> None:
         """Run the rest of the fit in mode `name` (before the strategy's set-up)."""
