@@ -8,7 +8,6 @@ from typing import Mapping, Optional
 
 import torch
 from hydra.utils import get_class, instantiate
-from lightning import LightningModule
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -16,25 +15,26 @@ from torchmetrics.classification import MulticlassAccuracy
 from cifar_amp import metrics, seams
 from cifar_amp import tta as TTA
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
+from cifar_amp.overhead import HookNameFastPath
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SGD = MappingProxyType(
     {"_target_": "torch.optim.SGD", "lr": 0.2, "momentum": 0.9, "nesterov": True}
-    | {"weight_decay": 5e-4, "fused": None}
+    | {"weight_decay": 5e-4, "fused": True}
 )
 ONE_CYCLE = MappingProxyType(
     {"_target_": "cifar_amp.schedules.OneCycleLR", "pct_start": 0.25, "anneal_strategy": "linear"}
 )
 
 
-class ImageClassifier(LightningModule):
+class ImageClassifier(HookNameFastPath):
     """Cross-entropy classification by `net`; steps update metrics on device, epochs log them."""
 
     def __init__(
         self,
         net: Mapping,
         num_classes: int,
-        optimizer: Mapping = SGD,  # `fused`: one kernel a step (clipped under 16-mixed, not bf16)
+        optimizer: Mapping = SGD,  # `fused`: one kernel a step, no host read (false: foreach)
         scheduler: Optional[Mapping] = ONE_CYCLE,  # per step; total_steps= if taken; null: constant
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)
@@ -72,6 +72,8 @@ class ImageClassifier(LightningModule):
         # Checkpointed: the best score, and the running training metrics for a mid-epoch resume.
         for metric in (self.val_acc_best, self.train_loss, self.train_acc):
             metric.persistent(True)
+        # Each step's (loss, predictions, targets), on the device, until the metrics take them.
+        self._pending: dict[str, list] = {"train": [], "val": [], "test": []}
 
     def configure_model(self) -> None:
         # In place (nn.Module.compile), so state-dict keys are the same compiled or not.
@@ -87,12 +89,27 @@ class ImageClassifier(LightningModule):
         logits = TTA.predict(self, x, tta, hp.tta_shift)
         smoothing = hp.label_smoothing if stage == "train" else 0.0
         loss = nn.functional.cross_entropy(logits, y, label_smoothing=smoothing)
-        # One value per sample: a per-sample epoch mean whatever the batch sizes and ranks
-        getattr(self, f"{stage}_loss").update(loss.detach().expand(len(y)))
-        getattr(self, f"{stage}_acc").update(logits.detach(), y)
+        # The metrics take these once an epoch or checkpoint: an update per step made about 200
+        # Python calls, which a GPU's step waits for (bench/call_count.py).
+        self._pending[stage].append((loss.detach(), logits.detach().argmax(-1), y))
         return loss
 
+    def _update_metrics(self, stage: str) -> None:
+        if not (pending := self._pending[stage]):
+            return
+        losses, preds, targets = zip(*pending, strict=True)
+        pending.clear()
+        # One value per sample: a per-sample epoch mean whatever the batch sizes and ranks
+        losses = [loss.expand(len(y)) for loss, y in zip(losses, targets, strict=True)]
+        getattr(self, f"{stage}_loss").update(torch.cat(losses))
+        getattr(self, f"{stage}_acc").update(torch.cat(preds), torch.cat(targets))
+
+    def state_dict(self, *args, **kwargs):
+        self._update_metrics("train")  # a checkpoint holds the running training metrics
+        return super().state_dict(*args, **kwargs)
+
     def _log_epoch(self, stage: str) -> None:
+        self._update_metrics(stage)
         for kind in ("loss", "acc"):  # Lightning computes them (synced across ranks), resets them
             key, bar = f"{stage}_{kind}", kind == "acc" or stage != "train"
             name = getattr(metrics, key.upper())  # metrics.TRAIN_LOSS for self.train_loss, ...
@@ -116,11 +133,13 @@ class ImageClassifier(LightningModule):
     def on_validation_epoch_start(self) -> None:
         for metric in (self.val_loss, self.val_acc, self.test_loss, self.test_acc):
             metric.reset()
+        self._pending["val"].clear()
+        self._pending["test"].clear()
 
     on_test_epoch_start = on_validation_epoch_start
 
     def on_validation_epoch_end(self) -> None:
-        self._log_epoch("val")
+        self._log_epoch("val")  # first: it hands val_acc the epoch's steps
         if not self.trainer.sanity_checking:
             self.val_acc_best(self.val_acc.compute())
             self.log(metrics.VAL_ACC_BEST, self.val_acc_best.compute(), sync_dist=False)
@@ -138,6 +157,13 @@ class ImageClassifier(LightningModule):
                 fresh.reset()
                 for key in checkpoint.keys() & keys:
                     checkpoint[key].update(fresh.state_dict(prefix=f"{name}."))
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # A resume keeps the optimizer kernel it was trained with: the state it loads sets
+        # `fused`, but not torch's flag that tells the GradScaler to hand the step its inf flag.
+        saved = [s["param_groups"][0] for s in checkpoint.get("optimizer_states", [])][:1]
+        if saved and "fused" in saved[0] and "fused" in self.hparams.optimizer:
+            self.hparams.optimizer["fused"] = saved[0]["fused"]
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:
         # Class probabilities, float32, with test's TTA; a batch, or a tuple whose first item is one

@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -21,7 +20,7 @@ from cifar_amp.data import augment
 from cifar_amp.data.augment import Augment as AugmentConfig
 from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.errors import UserError
-from cifar_amp.extras.speedrun.speedrun import EMA, PatchWhitening, SkipUnusedHooks, patches
+from cifar_amp.extras.speedrun.speedrun import EMA, PatchWhitening, patches
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import main, train
 from conftest import compose_cfg, requires_cuda
@@ -445,27 +444,3 @@ def test_a_gpu_recipe_without_a_gpu_names_itself_and_the_cpu_way(tmp_path, monke
     # The guards extra names the recipe (tests/extras/guards/test_guards.py); without it, Lightning's refusal.
     assert err.startswith("error: ") and "gpu" in err.lower()
     assert not (run_dir / "config.yaml").exists()
-
-
-def test_per_batch_hooks_left_as_no_ops_are_not_called(make_cfg):
-    class Counting(L.Callback):
-        ends = 0
-
-        def on_train_batch_end(self, *args) -> None:
-            Counting.ends += 1
-
-    counting, stock = Counting(), LearningRateMonitor()  # stock: defines on_train_batch_start
-    cfg = make_cfg("logger=csv")  # one epoch
-    callbacks = [counting, stock, SkipUnusedHooks()]
-    trainer = build.trainer(cfg, callbacks=callbacks, loggers=build.loggers(cfg).values())
-    dm = build.datamodule(cfg)
-    module = build.module(cfg, dm.num_classes)
-    trainer.fit(module, datamodule=dm)
-    # Lightning skips a hook that is not callable; each hook a class defines stays.
-    assert counting.on_before_backward is None and counting.on_train_batch_start is None
-    assert callable(stock.on_train_batch_start) and stock.on_before_backward is None
-    assert callable(counting.setup) and callable(counting.on_train_epoch_end)
-    assert module.on_before_backward is None and callable(module.on_train_batch_end)
-    assert callable(module.on_validation_batch_end)  # Lightning reads its signature
-    assert Counting.ends == trainer.num_training_batches > 1
-    assert metrics.TRAIN_ACC in trainer.callback_metrics  # logged by the module's own hook

@@ -134,28 +134,6 @@ def whitening_weights(
     return w.reshape(d, -1, kh, kw).float(), (-w @ mean).float()
 
 
-class SkipUnusedHooks(Callback):
-    """Hides the per-step hooks that each callback, and the module in training, leaves as its base
-    class's no-op: Lightning calls every one at every step, inside a profiler context, unless it
-    is not callable (about 1.5 us a call: docs/benchmarks-gpu.md). A hook a class defines stays."""
-
-    STEP = [f"on_{h}" for h in ("train_batch_start", "train_batch_end", "before_backward")]
-    STEP += [f"on_{h}" for h in ("after_backward", "before_optimizer_step", "before_zero_grad")]
-    EVAL = [f"on_{s}_batch_{w}" for s in ("validation", "test") for w in ("start", "end")]
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        for callback in trainer.callbacks:
-            self._hide(callback, Callback, self.STEP + self.EVAL)
-        # The module's evaluation hooks stay: Lightning reads their signatures.
-        self._hide(pl_module, LightningModule, self.STEP)
-
-    @staticmethod
-    def _hide(obj, base: type, hooks: list[str]) -> None:
-        for hook in hooks:
-            if getattr(type(obj), hook, None) is getattr(base, hook):
-                setattr(obj, hook, None)
-
-
 class PatchWhitening(Callback):
     """When fit starts, set `layer` (a Conv2d with d to 2d outputs, d = in_channels * kernel
     area) to [W, -W] whitening filters of the first `num_images` training images. `freeze`

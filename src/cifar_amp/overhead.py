@@ -1,0 +1,77 @@
+"""Lightning's work around each hook call, made cheaper: at every training step it calls every
+per-step hook of every callback and of the module, each inside a profiler context, whether the
+hook does anything or not. At the default recipe's 14 callbacks that was about half of a step's
+Python calls (bench/call_count.py), which a GPU's 16-bit step waits for. And the learning-rate
+monitor, whose copy of each logged rate onto the device made the host wait for the GPU."""
+
+import contextlib
+from types import SimpleNamespace
+
+import lightning.pytorch.callbacks
+import torch
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.profilers import PassThroughProfiler
+
+
+class SkipUnusedHooks(Callback):
+    """Hides the per-step hooks that each callback, and the module in training, leaves as its
+    base class's no-op. Lightning skips a hook attribute that is not callable (private
+    behaviour, tested in tests/test_hooks.py); a hook that a class defines stays."""
+
+    STEP = [f"on_{h}" for h in ("train_batch_start", "train_batch_end", "before_backward")]
+    STEP += [f"on_{h}" for h in ("after_backward", "before_optimizer_step", "before_zero_grad")]
+    EVAL = [f"on_{s}_batch_{w}" for s in ("validation", "test") for w in ("start", "end")]
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for callback in trainer.callbacks:
+            self._hide(callback, Callback, self.STEP + self.EVAL)
+        # The module's evaluation hooks stay: Lightning reads their signatures.
+        self._hide(pl_module, LightningModule, self.STEP)
+
+    @staticmethod
+    def _hide(obj, base: type, hooks: list[str]) -> None:
+        for hook in hooks:
+            if getattr(type(obj), hook, None) is getattr(base, hook):
+                setattr(obj, hook, None)
+
+
+class HookNameFastPath(LightningModule):
+    """A LightningModule that stores `_current_fx_name`, which Lightning sets twice at each hook
+    call (36 times a step), without nn.Module.__setattr__'s checks against its parameters,
+    buffers and modules (six Python calls a set). Private: tests/test_overhead.py checks it."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
+class QuietProfiler(PassThroughProfiler):
+    """Lightning's default no-op profiler, handing out one shared context: the default makes a
+    generator context per use, ten Python calls, and a step uses it about 40 times."""
+
+    _nothing = contextlib.nullcontext()
+
+    def profile(self, action_name: str) -> contextlib.nullcontext:
+        return self._nothing
+
+
+class LearningRateMonitor(lightning.pytorch.callbacks.LearningRateMonitor):
+    """Lightning's, with the rates it adds to `callback_metrics` (for EarlyStopping) kept on the
+    host: Lightning copies each onto the training device at every logging step, a copy from
+    pageable memory that waits for the GPU. (It overrides the private `_extract_stats`, which
+    tests/test_overhead.py checks.)"""
+
+    def _extract_stats(self, trainer: Trainer, interval: str) -> dict[str, float]:
+        return super()._extract_stats(_OnHost(trainer), interval)
+
+
+class _OnHost:
+    """`trainer`, whose strategy's root device reads as the CPU."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer, self.strategy = trainer, SimpleNamespace(root_device=torch.device("cpu"))
+
+    def __getattr__(self, name: str):
+        return getattr(self._trainer, name)
