@@ -308,7 +308,7 @@ def test_speedrun_experiment_trains_and_tests(tiny_data, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["speedrun", "speedrun_gpu"])
 def test_the_speed_recipes_do_not_clip(make_cfg, recipe):
-    # speedrun_gpu's fused optimizer cannot clip under bf16-mixed; speedrun stays as tuned.
+    # As tuned, like the public speed-run scripts they follow.
     assert make_cfg(f"experiment={recipe}").trainer.gradient_clip_val is None
 
 
