@@ -157,7 +157,11 @@ def count_plain(cfg, owners: bool = False) -> Counter:
     )
     clip = cfg.trainer.get("gradient_clip_val")
     step = reference_loop.Step(
-        module.net, optimizer, scheduler, cfg.precision.name, module.hparams.label_smoothing,
+        module.net,
+        optimizer,
+        scheduler,
+        cfg.precision.name,
+        module.hparams.label_smoothing,
         clip=clip,
     )
     loss_sum = torch.zeros((), device=step.device)

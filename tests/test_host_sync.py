@@ -245,9 +245,7 @@ class ReadLoss(L.Callback):
     ids=["32-true", "bf16-mixed", "16-mixed", "compiled"],
 )
 def test_training_steps_make_no_cuda_sync(make_cfg, monkeypatch, overrides):
-    watch = _watch(
-        make_cfg, monkeypatch, "trainer=gpu", *AS_USED, *overrides, cuda=True, epoch=1
-    )
+    watch = _watch(make_cfg, monkeypatch, "trainer=gpu", *AS_USED, *overrides, cuda=True, epoch=1)
     assert watch.logged == 1 and watch.redrawn == 1
     bad = unexplained(watch.found)
     assert not bad, "CUDA syncs in training steps:\n" + "\n".join(bad)
