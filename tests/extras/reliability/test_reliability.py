@@ -19,7 +19,7 @@ from cifar_amp.errors import reported
 from cifar_amp.extras.reliability import reliability
 from cifar_amp.extras.reliability.reliability import AtomicCheckpointIO, NonFiniteLossError
 from cifar_amp.training import train
-from conftest import REPO
+from conftest import REPO, SHRINK, compose_cfg
 from test_resume import (  # reference_run: a fixture, used by name
     ENV,
     EXACT,
@@ -177,6 +177,92 @@ def test_sigterm_during_validation_stops_after_it_and_resumes_exactly(make_cfg, 
     train(make_cfg(*common, f"run_dir={stopped}", f"ckpt_path={last}"))
     assert_same_weights(tmp_path / "a", stopped)
     assert comparable(tmp_path / "a") == comparable(stopped)
+
+
+class SignalAtBatch(L.Callback):
+    """Sends this process `signum` as its `batch`-th training batch (from 1) starts."""
+
+    def __init__(self, batch: int, signum: int = signal.SIGTERM) -> None:
+        self.batch, self.signum, self.seen = batch, signum, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.seen += 1
+        if self.seen == self.batch:
+            os.kill(os.getpid(), self.signum)
+
+
+def signal_at(batch: int) -> tuple[str, ...]:
+    return (f"+callbacks.sig._target_={__name__}.SignalAtBatch", f"+callbacks.sig.batch={batch}")
+
+
+# 11 training batches an epoch: with 3 a window, steps end at batches 3, 6, 9 and 11 (Lightning
+# steps on an epoch's last batch, whatever its window holds); 3 validation batches of 8.
+ACCUMULATE = (
+    *EXACT,
+    "trainer.accumulate_grad_batches=3",
+    "trainer.max_epochs=2",
+    "data.eval_batch_size=8",
+)
+
+
+@pytest.fixture(scope="module")
+def accumulated(tiny_data, tmp_path_factory):
+    """The run of ACCUMULATE, never interrupted."""
+    run_dir = tmp_path_factory.mktemp("accumulated")
+    train(
+        compose_cfg(
+            "train", (*SHRINK, f"data.data_dir={tiny_data}", *ACCUMULATE, f"run_dir={run_dir}")
+        )
+    )
+    return run_dir
+
+
+def resumed_like(reference, make_cfg, run_dir, last) -> dict:
+    """Resume ACCUMULATE from `last` into `run_dir`, compare with `reference`; `last` as saved."""
+    saved = torch.load(last, weights_only=False)
+    train(make_cfg(*ACCUMULATE, f"run_dir={run_dir}", f"ckpt_path={last}"))
+    assert_same_weights(reference, run_dir)
+    assert comparable(reference) == comparable(run_dir)
+    return saved
+
+
+def stopped_at(make_cfg, run_dir, batch: int):
+    """Run ACCUMULATE, sent SIGTERM as training batch `batch` starts; its last.ckpt."""
+    with pytest.raises(SystemExit) as e:
+        train(make_cfg(*ACCUMULATE, *signal_at(batch), f"run_dir={run_dir}"))
+    assert e.value.code == 128 + signal.SIGTERM
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def test_a_signal_mid_window_finishes_the_window_then_resumes_exactly(
+    make_cfg, tmp_path, accumulated
+):
+    saved = resumed_like(accumulated, make_cfg, tmp_path, stopped_at(make_cfg, tmp_path, 5))
+    batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"]
+    assert (saved["global_step"], batches) == (2, 6)  # batch 6 ended the window 5 was in
+
+
+@pytest.mark.slow
+def test_a_signal_before_a_validation_stops_after_it_then_resumes_exactly(
+    make_cfg, tmp_path, accumulated
+):
+    # Batch 11 ends epoch 0, then its validation runs (Lightning alone would stop after its
+    # first batch, and a resume cannot finish a half-run validation exactly).
+    saved = resumed_like(accumulated, make_cfg, tmp_path, stopped_at(make_cfg, tmp_path, 11))
+    loops = saved["loops"]["fit_loop"]
+    assert loops["epoch_loop.val_loop.batch_progress"]["current"]["completed"] == 3
+    assert (saved["epoch"], saved["global_step"]) == (1, 4)  # after epoch 0's end
+
+
+@pytest.mark.slow
+def test_a_step_checkpoint_under_accumulation_resumes_exactly(make_cfg, tmp_path, accumulated):
+    """ModelCheckpoint's every_n_train_steps saves at the batch that steps: a window's end."""
+    crash = ("+callbacks.crash._target_=test_resume.CrashAt", "+callbacks.crash.step=7")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*ACCUMULATE, *crash))
+    saved = resumed_like(accumulated, make_cfg, tmp_path, tmp_path / "checkpoints" / "last.ckpt")
+    batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"]
+    assert (saved["epoch"], saved["global_step"], batches) == (1, 6, 6)  # batch 6 of epoch 1
 
 
 GUARD = (
