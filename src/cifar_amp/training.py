@@ -77,9 +77,9 @@ def fit(run: Run) -> None:
     try:
         run.trainer.fit(run.module, run.datamodule, ckpt_path=ckpt, weights_only=not trust)
     except SIGTERMException:  # the shell's code for a run a signal stopped: 128 + it
-        # (the reliability extra has saved last.ckpt, said how to resume, and knows the signal)
-        said = [cb.signum for cb in run.trainer.callbacks if isinstance(cb, seams.StopSignal)]
-        raise SystemExit(128 + next(filter(None, said), signal.SIGTERM)) from None
+        # (the reliability extra has saved last.ckpt, said how to resume, and knows the code)
+        said = [cb.exit_code for cb in run.trainer.callbacks if isinstance(cb, seams.StopSignal)]
+        raise SystemExit(next(iter(said), 128 + signal.SIGTERM)) from None
     run.fit_seconds = round(time.perf_counter() - start, 3)
     run.fitted = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
 

@@ -111,6 +111,7 @@ class SaveOnSignal(Callback, StopSignal):
             raise UserError(f"callbacks.save_on_signal: share_every={share_every} must be >= 1")
         self.share_every = share_every
         self.signum: int | None = None  # the signal this process had
+        self._rank = 0
         self._trainer = None  # while fitting
         self._before: dict[int, Any] = {}  # the handlers before fit, where signals go after it
         self._ranks = 1
@@ -122,7 +123,7 @@ class SaveOnSignal(Callback, StopSignal):
     def on_fit_start(self, trainer, pl_module) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        self._trainer, self._ranks = trainer, trainer.world_size
+        self._trainer, self._ranks, self._rank = trainer, trainer.world_size, trainer.global_rank
         self.signum, self._stop, self._stepped, self._open, self._steps = (
             None,
             False,
@@ -211,12 +212,20 @@ class SaveOnSignal(Callback, StopSignal):
             self._stop = True
             _set_received_sigterm(trainer, not trainer.validating)
 
+    @property
+    def exit_code(self) -> int:
+        # Ranks > 0 end cleanly: Lightning's launcher of `ddp` kills every rank (the command
+        # too) when one exits non-zero, and rank 0 says why the run stopped.
+        return 0 if self._rank else 128 + (self.signum or signal.SIGTERM)
+
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException) and self._trainer is not None:
-            self.signum = signum = self.signum or signal.SIGTERM  # the core exits 128 + it
+            signum = self.signum or signal.SIGTERM  # another rank's, under DDP
             path = last_checkpoint_path(trainer)
             trainer.save_checkpoint(path)
-            if trainer.is_global_zero:
+            if self._rank:  # every rank stops at the same step: its log says which
+                log.info("rank %d: stopped at step %d", self._rank, trainer.global_step)
+            else:
                 msg = (
                     f"{signal.Signals(signum).name}: stopped at epoch {trainer.current_epoch}, "
                     f"step {trainer.global_step}; saved {path}. Resume with: "
