@@ -1,10 +1,13 @@
 """The reliability extra: checkpoint writes a kill or a full disk cannot tear, SIGTERM/Ctrl+C
 that save and say how to resume (and resume exactly), a stop on losses that stay non-finite."""
 
+import csv
 import errno
 import io
 import os
+import re
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -13,13 +16,19 @@ import sys
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 
 from cifar_amp import build
 from cifar_amp.errors import reported
 from cifar_amp.extras.reliability import reliability
-from cifar_amp.extras.reliability.reliability import AtomicCheckpointIO, NonFiniteLossError
+from cifar_amp.extras.reliability.reliability import (
+    AtomicCheckpointIO,
+    AtomicCSVLogger,
+    NonFiniteLossError,
+)
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
+from test_full_disk import failed_write, one_line_error
 from test_resume import (  # reference_run: a fixture, used by name
     ENV,
     EXACT,
@@ -76,29 +85,97 @@ def test_disk_full_mid_write_stops_the_run_with_one_line_and_keeps_last_ckpt(
     real_save = torch.save
 
     def disk_fills_up_after_epoch_0(obj, f, *args, **kwargs):
-        if obj["epoch"] == 0:
+        if obj["epoch"] == 0 or not isinstance(f, io.BufferedWriter):  # (a count, not a file)
             return real_save(obj, f, *args, **kwargs)
         part = io.BytesIO()
         real_save(obj, part)
         f.write(part.getvalue()[: len(part.getvalue()) // 2])
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:  # torch's zip writer then fails to close the archive, as torch.save does
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")  # noqa: B904
 
     monkeypatch.setattr(torch, "save", disk_fills_up_after_epoch_0)
     # last.ckpt only (no best-checkpoint writes), at each epoch end
     cfg = make_cfg(
         "trainer.max_epochs=2", "data.batch_size=60", "~callbacks.model_checkpoint", "test=false"
     )
-    with pytest.raises(SystemExit) as e, reported():
-        train(cfg)
+    err = one_line_error(capsys, lambda: train(cfg))
     monkeypatch.undo()
     last = tmp_path / "checkpoints" / "last.ckpt"
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip()
-    assert (
-        err == f"error: cannot write {last}: No space left on device; its previous version is kept"
-    )
+    assert re.fullmatch(failed_write(last, f"resume with ckpt_path={last} once there is room"), err)
     assert torch.load(last, weights_only=False)["epoch"] == 0  # intact, from epoch 0
     assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]  # and no temp file
+    needed = re.search(r"free there, ([\d.]+) kB needed", err)[1]  # epoch 1's checkpoint
+    assert float(needed) * 1000 == pytest.approx(last.stat().st_size, rel=0.01)
+
+
+def test_a_full_disk_at_the_csv_log_keeps_its_last_whole_version(
+    make_cfg, tmp_path, full_disk, capsys
+):
+    full_disk("metrics.csv", after=1)  # its first save (after step 4) fits, the next does not
+    log = ("logger=csv", "trainer.log_every_n_steps=1", "+logger.csv.flush_logs_every_n_steps=4")
+    err = one_line_error(capsys, lambda: train(make_cfg(*EXACT, *log)))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert re.fullmatch(
+        failed_write(tmp_path / "metrics.csv", f"resume with ckpt_path={last} once there is room"),
+        err,
+    )
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        assert {row["step"] for row in csv.DictReader(f)} == {"0", "1", "2", "3"}
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_the_csv_log_written_whole_is_the_file_lightning_writes(tmp_path):
+    steps = [{"a": 1.0}, {"a": 2.0, "b": 0.5}, {"c": 3.0}]  # a new column at each save
+    for cls in (CSVLogger, AtomicCSVLogger):
+        logger = cls(tmp_path / cls.__name__, name="", version="", flush_logs_every_n_steps=1)
+        for step, values in enumerate(steps):
+            logger.log_metrics(values, step=step)
+        logger.finalize("success")
+    made = [
+        (tmp_path / c.__name__ / "metrics.csv").read_bytes() for c in (CSVLogger, AtomicCSVLogger)
+    ]
+    assert made[0] == made[1] and made[0].count(b"\n") == 4
+
+
+@pytest.mark.slow
+def test_a_full_filesystem_stops_the_run_in_one_line_and_keeps_the_last_good_checkpoint(
+    tmp_path, tiny_data
+):
+    """A real 800 kB filesystem (tmpfs, in a mount namespace of its own): the shrunk run's
+    checkpoints are about 290 kB, so epoch 0's two fit and epoch 1's best does not."""
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare here to mount a small filesystem")
+    mnt, out = tmp_path / "mnt", tmp_path / "out"
+    mnt.mkdir()
+    out.mkdir()
+    train_py = [sys.executable, str(REPO / "train.py"), *SHRINK, "trainer.max_epochs=2"]
+    train_py += [f"data.data_dir={tiny_data}", f"hydra.run.dir={mnt / 'run'}"]
+    script = (
+        f"mount -t tmpfs -o size=800k tmpfs {mnt} || exit 99\n"
+        f"{shlex.join(train_py)} 2> {out / 'err.txt'}\n"
+        f"echo $? > {out / 'rc'}; cp -a {mnt / 'run'} {out}"
+    )
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+    done = subprocess.run([*unshare, "sh", "-c", script], env=ENV, capture_output=True, text=True)
+    if done.returncode:  # no mount namespace or no tmpfs for this user: nothing was run
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()[-300:]}")
+    err = (out / "err.txt").read_text()
+    assert (out / "rc").read_text().strip() == "2" and "Traceback" not in err, err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, err[-3000:]
+    # The paths as the run saw them (in the namespace); the files, copied out of it.
+    last = mnt / "run" / "checkpoints" / "last.ckpt"
+    assert re.fullmatch(
+        failed_write(
+            last.with_name("best-epoch001.ckpt"), f"resume with ckpt_path={last} once there is room"
+        ),
+        errors[0],
+    )
+    kept = out / "run" / "checkpoints"
+    assert sorted(p.name for p in kept.iterdir()) == ["best-epoch000.ckpt", "last.ckpt"]
+    assert torch.load(kept / "last.ckpt", weights_only=False)["epoch"] == 0
 
 
 def test_stray_temp_files_are_removed_before_the_first_write_in_a_folder(tmp_path, caplog):

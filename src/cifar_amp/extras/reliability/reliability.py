@@ -3,44 +3,42 @@ Nothing in the core imports it; configs/{callbacks,trainer}/reliability/ attach 
 
 from __future__ import annotations
 
-import contextlib
+import csv
+import io
 import logging
-import os
 import re
-import secrets
 import shlex
 import signal
-import stat
 import sys
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cifar_amp.errors import UserError
+from cifar_amp.runs import WriteFailed, write_atomically, write_text
 from cifar_amp.seams import StopSignal
 
 log = logging.getLogger(__name__)
-# What write_atomically leaves if killed mid-write.
+# What runs.write_atomically leaves of a checkpoint if killed mid-write.
 _TEMP_NAME = re.compile(r"\..+\.ckpt\.[A-Za-z0-9_]+\.tmp")
 
 
 # -- checkpoint writes that a kill or a full disk cannot tear ---------------------------------
-class CheckpointWriteError(UserError):
-    """A checkpoint could not be written (disk full, quota, I/O error); the previous file is kept."""
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Why not Lightning's TorchCheckpointIO: it stages the file in the system temp dir and moves
     it, a copy where /tmp is another filesystem (usual on clusters) that a kill leaves truncated,
-    never fsync'ed. Remote paths (s3://, ...) keep Lightning's behaviour."""
+    never fsync'ed; a full disk ended in two tracebacks. Here: runs.write_atomically, one line
+    (runs.WriteFailed). Remote paths (s3://, ...) keep Lightning's behaviour."""
 
     _cleaned: set[Path] = set()
 
@@ -57,33 +55,35 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         write_atomically(Path(path), lambda f: torch.save(checkpoint, f))
 
 
-def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write `target` with `write(file)` through a temp file beside it, fsync'ed and renamed over
-    it; a failure leaves the previous `target` (an OSError: a one-line CheckpointWriteError)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
-    # 0o666 filtered by the umask is what a plain open() would give a new file.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    try:
-        with os.fdopen(os.open(tmp, flags, 0o666), "wb") as f:
-            if target.exists():  # an overwrite keeps the file's mode, as open(target, "wb") would
-                os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if not isinstance(e, OSError):
-            raise
-        kept = "its previous version is kept" if target.exists() else "no earlier version existed"
-        raise CheckpointWriteError(f"cannot write {target}: {e.strerror or e}; {kept}") from e
-    with contextlib.suppress(OSError):  # make the rename durable (Windows cannot open dirs)
-        fd = os.open(target.parent, os.O_RDONLY)
+class AtomicCSVLogger(CSVLogger):
+    """Lightning's CSVLogger (`logger=csv`), whose metrics.csv is replaced whole at each save
+    (runs.write_atomically): Lightning's appends to it in place, and rewrites it in place when
+    a column is new, which a full disk left torn or empty. A save (every
+    flush_logs_every_n_steps steps) reads the rows back to write them with the new ones."""
+
+    @rank_zero_only
+    def save(self) -> None:
+        writer = self.experiment
+        if not writer.metrics:
+            return
+        path = Path(writer.metrics_file_path)
+        keys = sorted(set(writer.metrics_keys).union(*writer.metrics))
+        rows = list(csv.DictReader(path.open(newline=""))) if path.is_file() else []
+        text = io.StringIO()
+        table = csv.DictWriter(text, fieldnames=keys)
+        table.writeheader()
+        table.writerows([*rows, *writer.metrics])
+        write_text(path, text.getvalue())
+        writer.metrics_keys[:], writer.metrics = keys, []
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            super().finalize(status)
+        except WriteFailed as e:
+            if status != "failed":
+                raise
+            log.warning("%s", e)  # the run failed of something else: that is the error to name
 
 
 def _is_local_path(path) -> bool:
