@@ -87,7 +87,7 @@ def test_under_ddp_the_ranks_share_the_flag_every_n_steps_not_at_every_step(make
     counted = CountDecisions(tmp_path, share_every=4)
     for r, rank in enumerate(fit_two_ranks(make_cfg, tmp_path, [counted])):
         assert rank == {"broadcasts": 0, "batches": 11}
-        # steps 4 and 8 of 11; the epoch's end (no validation: callbacks=none, test=false)
+        # after steps 4 and 8 of 11, and after the validation at the epoch's end
         assert (tmp_path / f"decisions{r}.json").read_text() == "3"
 
 

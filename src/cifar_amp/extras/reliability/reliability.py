@@ -110,11 +110,13 @@ class SaveOnSignal(Callback, StopSignal):
         if share_every < 1:
             raise UserError(f"callbacks.save_on_signal: share_every={share_every} must be >= 1")
         self.share_every = share_every
-        self.signum: int | None = None  # the signal this process had
-        self._rank = 0
         self._trainer = None  # while fitting
         self._before: dict[int, Any] = {}  # the handlers before fit, where signals go after it
-        self._ranks = 1
+        self._ranks, self._rank = 1, 0
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.signum: int | None = None  # the signal this process had
         self._stop = False  # decided (on every rank alike): stop at this window end
         self._stepped = False  # the batch in progress has stepped the optimizer
         self._open = False  # the last training batch left its accumulation window open
@@ -124,13 +126,7 @@ class SaveOnSignal(Callback, StopSignal):
         if threading.current_thread() is not threading.main_thread():
             return
         self._trainer, self._ranks, self._rank = trainer, trainer.world_size, trainer.global_rank
-        self.signum, self._stop, self._stepped, self._open, self._steps = (
-            None,
-            False,
-            False,
-            False,
-            0,
-        )
+        self._fresh()
         self._before = {s: signal.signal(s, self._handle) for s in SIGNALS}
         if self._ranks > 1:
             _no_flag_broadcast_per_step(trainer)
@@ -181,7 +177,7 @@ class SaveOnSignal(Callback, StopSignal):
         if self._open or self._trainer is None:
             return
         self._steps += 1
-        if self._ranks == 1 or self._steps >= self.share_every:
+        if self._steps >= self.share_every if self._ranks > 1 else self.signum is not None:
             self._decide(trainer)
 
     def on_validation_start(self, trainer, pl_module) -> None:
