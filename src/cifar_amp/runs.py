@@ -70,8 +70,11 @@ class WriteFailed(UserError):
     where it was going and the size it needed, in one line."""
 
     def __init__(self, path: Path, error: OSError, needed: int | None) -> None:
-        free = shutil.disk_usage(next(p for p in path.parents if p.is_dir())).free
-        sizes = f"{_size(free)} free there" + (f", {_size(needed)} needed" if needed else "")
+        try:
+            free = _size(shutil.disk_usage(next(p for p in path.parents if p.is_dir())).free)
+        except OSError:
+            free = "?"
+        sizes = f"{free} free there" + (f", {_size(needed)} needed" if needed else "")
         super().__init__(f"cannot write {path}: {error.strerror or error} ({sizes})")
 
 
