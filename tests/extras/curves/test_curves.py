@@ -54,7 +54,8 @@ def test_without_matplotlib_a_run_keeps_its_history_and_says_why_no_png(
 
 def test_a_full_disk_at_the_history_keeps_the_last_whole_one(make_cfg, tmp_path, full_disk, capsys):
     full_disk(plot.HISTORY, after=1)  # epoch 0's fits, epoch 1's does not
-    err = one_line_error(capsys, lambda: train(make_cfg("trainer.max_epochs=2")))
+    short = ("trainer.max_epochs=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1")
+    err = one_line_error(capsys, lambda: train(make_cfg(*short)))
     last = tmp_path / "checkpoints" / "last.ckpt"  # of epoch 0: checkpoints come after the history
     then = f"resume with ckpt_path={last} once there is room"
     assert re.fullmatch(failed_write(tmp_path / plot.HISTORY, then), err)
