@@ -1,5 +1,5 @@
 """Extra (docs/fork.md): runs that survive kills, full disks and NaNs (docs/reliability.md).
-Nothing in the core imports it; configs/{callbacks,trainer}/reliability/ attach it."""
+Nothing in the core imports it; configs/{callbacks,trainer,logger}/reliability/ attach it."""
 
 from __future__ import annotations
 
@@ -68,7 +68,10 @@ class AtomicCSVLogger(CSVLogger):
             return
         path = Path(writer.metrics_file_path)
         keys = sorted(set(writer.metrics_keys).union(*writer.metrics))
-        rows = list(csv.DictReader(path.open(newline=""))) if path.is_file() else []
+        rows = []
+        if path.is_file():
+            with path.open(newline="") as f:
+                rows = list(csv.DictReader(f))
         text = io.StringIO()
         table = csv.DictWriter(text, fieldnames=keys)
         table.writeheader()
