@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import errno
 import functools
 import importlib
 import os
@@ -137,6 +138,28 @@ def make_cfg(tmp_path, tiny_data):
         return compose_cfg(config_name, (*shrink, *data, f"run_dir={tmp_path}", *overrides))
 
     return make
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """full_disk(name, after=0): every write of a file called `name` after the first `after`
+    fails as on a full disk: ENOSPC at the fsync of its temp file (runs.write_atomically syncs
+    each file it writes; on some filesystems that is where a full disk shows)."""
+    real = os.fsync
+
+    def fill(name: str, after: int = 0) -> None:
+        left = [after]
+
+        def fsync(fd: int) -> None:
+            if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(f".{name}."):
+                if not left[0]:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                left[0] -= 1
+            real(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+
+    return fill
 
 
 class _Touch:

@@ -2,12 +2,16 @@
 
 import contextlib
 import functools
+import io
 import itertools
 import json
 import logging
 import os
+import secrets
 import shutil
+import stat
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from filelock import FileLock, Timeout
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -49,14 +53,91 @@ def claim(run_dir: str, resuming: bool):
 @rank_zero_only
 def save_config(cfg) -> None:
     """The resolved config, `<run_dir>/config.yaml`: what the run was (and a used dir's mark)."""
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, Path(cfg.run_dir) / "config.yaml", resolve=True)
+    write_text(Path(cfg.run_dir) / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
 
 @rank_zero_only
 def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    write_text(path, json.dumps(payload, indent=2) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    write_atomically(path, lambda f: f.write(text.encode()))
+
+
+class WriteFailed(UserError):
+    """A file could not be written (disk full, quota, I/O error): the file, why, the free space
+    where it was going and the size it needed, in one line."""
+
+    def __init__(self, path: Path, error: OSError, needed: int | None) -> None:
+        try:
+            free = _size(shutil.disk_usage(next(p for p in path.parents if p.is_dir())).free)
+        except OSError:
+            free = "?"
+        sizes = f"{free} free there" + (f", {_size(needed)} needed" if needed else "")
+        super().__init__(f"cannot write {path}: {error.strerror or error} ({sizes})")
+
+
+def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write `target` with `write(file)` through a temp file beside it, fsync'ed and renamed over
+    it: a kill or a failure leaves the previous `target` (or none) and no partial file. An
+    OSError, also one that the writer met and turned into another error (torch.save's zip
+    writer does), is a WriteFailed."""
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    # 0o666 filtered by the umask is what a plain open() would give a new file.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.open(tmp, flags, 0o666), "wb") as f:
+            if target.exists():  # an overwrite keeps the file's mode, as open(target, "wb") would
+                os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        cause = e
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise WriteFailed(target, cause, _bytes_of(write)) from e
+    with contextlib.suppress(OSError):  # make the rename durable (Windows cannot open dirs)
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class _Count(io.RawIOBase):
+    n = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.n += len(b)
+        return len(b)
+
+
+def _bytes_of(write: Callable[[BinaryIO], None]) -> int | None:
+    """The size of what `write` writes, counted without storing it."""
+    count = _Count()
+    try:
+        write(count)
+    except Exception:
+        return None
+    return count.n
+
+
+def _size(n: int) -> str:
+    if n < 1000:
+        return f"{n} bytes"
+    unit = next(u for u in range(1, 5) if n < 1000 ** (u + 1) or u == 4)
+    return f"{n / 1000**unit:.3g} {' kMGT'[unit]}B"
 
 
 class ResumableModelCheckpoint(ModelCheckpoint):

@@ -14,10 +14,11 @@ class BeforeRun(ABC):
 
 
 class StopSignal(ABC):
-    """Callback that turns a signal into Lightning's graceful stop; the command exits 128 + it.
+    """Callback that turns a signal into Lightning's graceful stop; the process then exits with
+    its `exit_code` (the command: 128 + the signal, the shell's code for it).
     Implemented by: extras/reliability (SaveOnSignal)."""
 
-    signum: int | None
+    exit_code: int
 
 
 class ModelStateCopy(ABC):

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import build, checkpoints, metrics, runs, seams
 from cifar_amp.checkpoints import Checkpoint
+from cifar_amp.errors import UserError
 from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,19 @@ def build_run(cfg: DictConfig) -> Run:
 
 @contextlib.contextmanager
 def guard(run: Run):
-    """Hold the run dir, record the resolved config there and in every logger; load data only."""
+    """Hold the run dir, record the resolved config there and in every logger; a file that cannot
+    be written stops the run in one line, which names the checkpoint to resume from."""
     with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None):
-        runs.save_config(run.cfg)
-        for lg in run.trainer.loggers:
-            lg.log_hyperparams(OmegaConf.to_container(run.cfg, resolve=True))
-        yield
+        try:
+            runs.save_config(run.cfg)
+            for lg in run.trainer.loggers:
+                lg.log_hyperparams(OmegaConf.to_container(run.cfg, resolve=True))
+            yield
+        except runs.WriteFailed as e:
+            last = Path(run.cfg.run_dir) / "checkpoints" / "last.ckpt"
+            good = last if last.is_file() else run.resumed and run.resumed.path
+            then = f"resume with ckpt_path={good} once there is room" if good else None
+            raise UserError(f"{e}; {then or 'no checkpoint has been written yet'}") from e
 
 
 def fit(run: Run) -> None:
@@ -77,9 +85,9 @@ def fit(run: Run) -> None:
     try:
         run.trainer.fit(run.module, run.datamodule, ckpt_path=ckpt, weights_only=not trust)
     except SIGTERMException:  # the shell's code for a run a signal stopped: 128 + it
-        # (the reliability extra has saved last.ckpt, said how to resume, and knows the signal)
-        said = [cb.signum for cb in run.trainer.callbacks if isinstance(cb, seams.StopSignal)]
-        raise SystemExit(128 + next(filter(None, said), signal.SIGTERM)) from None
+        # (the reliability extra has saved last.ckpt, said how to resume, and knows the code)
+        said = [cb.exit_code for cb in run.trainer.callbacks if isinstance(cb, seams.StopSignal)]
+        raise SystemExit(next(iter(said), 128 + signal.SIGTERM)) from None
     run.fit_seconds = round(time.perf_counter() - start, 3)
     run.fitted = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
 

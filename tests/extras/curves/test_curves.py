@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from cifar_amp import metrics
 from cifar_amp.extras.curves import plot
 from cifar_amp.training import train
 from conftest import REPO
+from test_full_disk import failed_write, one_line_error
 from test_resume import EXACT, CrashAt
 
 CRASH = (f"+callbacks.crash._target_={CrashAt.__module__}.CrashAt", "+callbacks.crash.step=16")
@@ -48,6 +50,17 @@ def test_without_matplotlib_a_run_keeps_its_history_and_says_why_no_png(
     assert result[metrics.TEST_ACC] >= 0 and history(tmp_path)[plot.EPOCHS]
     assert not (tmp_path / "curves.png").exists()
     assert "curves.png not drawn: matplotlib is not installed" in caplog.text
+
+
+def test_a_full_disk_at_the_history_keeps_the_last_whole_one(make_cfg, tmp_path, full_disk, capsys):
+    full_disk(plot.HISTORY, after=1)  # epoch 0's fits, epoch 1's does not
+    short = ("trainer.max_epochs=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1")
+    err = one_line_error(capsys, lambda: train(make_cfg(*short)))
+    last = tmp_path / "checkpoints" / "last.ckpt"  # of epoch 0: checkpoints come after the history
+    then = f"resume with ckpt_path={last} once there is room"
+    assert re.fullmatch(failed_write(tmp_path / plot.HISTORY, then), err)
+    assert [r["epoch"] for r in history(tmp_path)[plot.EPOCHS]] == [0]
+    assert not list(tmp_path.rglob("*.tmp"))
 
 
 @pytest.mark.slow  # three runs

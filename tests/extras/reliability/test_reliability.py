@@ -1,10 +1,13 @@
 """The reliability extra: checkpoint writes a kill or a full disk cannot tear, SIGTERM/Ctrl+C
 that save and say how to resume (and resume exactly), a stop on losses that stay non-finite."""
 
+import csv
 import errno
 import io
 import os
+import re
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -13,13 +16,19 @@ import sys
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 
 from cifar_amp import build
 from cifar_amp.errors import reported
 from cifar_amp.extras.reliability import reliability
-from cifar_amp.extras.reliability.reliability import AtomicCheckpointIO, NonFiniteLossError
+from cifar_amp.extras.reliability.reliability import (
+    AtomicCheckpointIO,
+    AtomicCSVLogger,
+    NonFiniteLossError,
+)
 from cifar_amp.training import train
-from conftest import REPO
+from conftest import REPO, SHRINK, compose_cfg
+from test_full_disk import failed_write, one_line_error
 from test_resume import (  # reference_run: a fixture, used by name
     ENV,
     EXACT,
@@ -76,29 +85,97 @@ def test_disk_full_mid_write_stops_the_run_with_one_line_and_keeps_last_ckpt(
     real_save = torch.save
 
     def disk_fills_up_after_epoch_0(obj, f, *args, **kwargs):
-        if obj["epoch"] == 0:
+        if obj["epoch"] == 0 or not isinstance(f, io.BufferedWriter):  # (a count, not a file)
             return real_save(obj, f, *args, **kwargs)
         part = io.BytesIO()
         real_save(obj, part)
         f.write(part.getvalue()[: len(part.getvalue()) // 2])
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:  # torch's zip writer then fails to close the archive, as torch.save does
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")  # noqa: B904
 
     monkeypatch.setattr(torch, "save", disk_fills_up_after_epoch_0)
     # last.ckpt only (no best-checkpoint writes), at each epoch end
     cfg = make_cfg(
         "trainer.max_epochs=2", "data.batch_size=60", "~callbacks.model_checkpoint", "test=false"
     )
-    with pytest.raises(SystemExit) as e, reported():
-        train(cfg)
+    err = one_line_error(capsys, lambda: train(cfg))
     monkeypatch.undo()
     last = tmp_path / "checkpoints" / "last.ckpt"
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip()
-    assert (
-        err == f"error: cannot write {last}: No space left on device; its previous version is kept"
-    )
+    assert re.fullmatch(failed_write(last, f"resume with ckpt_path={last} once there is room"), err)
     assert torch.load(last, weights_only=False)["epoch"] == 0  # intact, from epoch 0
     assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]  # and no temp file
+    needed = re.search(r"free there, ([\d.]+) kB needed", err)[1]  # epoch 1's checkpoint
+    assert float(needed) * 1000 == pytest.approx(last.stat().st_size, rel=0.01)
+
+
+def test_a_full_disk_at_the_csv_log_keeps_its_last_whole_version(
+    make_cfg, tmp_path, full_disk, capsys
+):
+    full_disk("metrics.csv", after=1)  # its first save (after step 4) fits, the next does not
+    log = ("logger=csv", "trainer.log_every_n_steps=1", "+logger.csv.flush_logs_every_n_steps=4")
+    err = one_line_error(capsys, lambda: train(make_cfg(*EXACT, *log)))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert re.fullmatch(
+        failed_write(tmp_path / "metrics.csv", f"resume with ckpt_path={last} once there is room"),
+        err,
+    )
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        assert {row["step"] for row in csv.DictReader(f)} == {"0", "1", "2", "3"}
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_the_csv_log_written_whole_is_the_file_lightning_writes(tmp_path):
+    steps = [{"a": 1.0}, {"a": 2.0, "b": 0.5}, {"c": 3.0}]  # a new column at each save
+    for cls in (CSVLogger, AtomicCSVLogger):
+        logger = cls(tmp_path / cls.__name__, name="", version="", flush_logs_every_n_steps=1)
+        for step, values in enumerate(steps):
+            logger.log_metrics(values, step=step)
+        logger.finalize("success")
+    made = [
+        (tmp_path / c.__name__ / "metrics.csv").read_bytes() for c in (CSVLogger, AtomicCSVLogger)
+    ]
+    assert made[0] == made[1] and made[0].count(b"\n") == 4
+
+
+@pytest.mark.slow
+def test_a_full_filesystem_stops_the_run_in_one_line_and_keeps_the_last_good_checkpoint(
+    tmp_path, tiny_data
+):
+    """A real 800 kB filesystem (tmpfs, in a mount namespace of its own): the shrunk run's
+    checkpoints are about 290 kB, so epoch 0's two fit and epoch 1's best does not."""
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare here to mount a small filesystem")
+    mnt, out = tmp_path / "mnt", tmp_path / "out"
+    mnt.mkdir()
+    out.mkdir()
+    train_py = [sys.executable, str(REPO / "train.py"), *SHRINK, "trainer.max_epochs=2"]
+    train_py += [f"data.data_dir={tiny_data}", f"hydra.run.dir={mnt / 'run'}"]
+    script = (
+        f"mount -t tmpfs -o size=800k tmpfs {mnt} || exit 99\n"
+        f"{shlex.join(train_py)} 2> {out / 'err.txt'}\n"
+        f"echo $? > {out / 'rc'}; cp -a {mnt / 'run'} {out}"
+    )
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+    done = subprocess.run([*unshare, "sh", "-c", script], env=ENV, capture_output=True, text=True)
+    if done.returncode:  # no mount namespace or no tmpfs for this user: nothing was run
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()[-300:]}")
+    err = (out / "err.txt").read_text()
+    assert (out / "rc").read_text().strip() == "2" and "Traceback" not in err, err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, err[-3000:]
+    # The paths as the run saw them (in the namespace); the files, copied out of it.
+    last = mnt / "run" / "checkpoints" / "last.ckpt"
+    assert re.fullmatch(
+        failed_write(
+            last.with_name("best-epoch001.ckpt"), f"resume with ckpt_path={last} once there is room"
+        ),
+        errors[0],
+    )
+    kept = out / "run" / "checkpoints"
+    assert sorted(p.name for p in kept.iterdir()) == ["best-epoch000.ckpt", "last.ckpt"]
+    assert torch.load(kept / "last.ckpt", weights_only=False)["epoch"] == 0
 
 
 def test_stray_temp_files_are_removed_before_the_first_write_in_a_folder(tmp_path, caplog):
@@ -177,6 +254,92 @@ def test_sigterm_during_validation_stops_after_it_and_resumes_exactly(make_cfg, 
     train(make_cfg(*common, f"run_dir={stopped}", f"ckpt_path={last}"))
     assert_same_weights(tmp_path / "a", stopped)
     assert comparable(tmp_path / "a") == comparable(stopped)
+
+
+class SignalAtBatch(L.Callback):
+    """Sends this process `signum` as its `batch`-th training batch (from 1) starts."""
+
+    def __init__(self, batch: int, signum: int = signal.SIGTERM) -> None:
+        self.batch, self.signum, self.seen = batch, signum, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.seen += 1
+        if self.seen == self.batch:
+            os.kill(os.getpid(), self.signum)
+
+
+def signal_at(batch: int) -> tuple[str, ...]:
+    return (f"+callbacks.sig._target_={__name__}.SignalAtBatch", f"+callbacks.sig.batch={batch}")
+
+
+# 11 training batches an epoch: with 3 a window, steps end at batches 3, 6, 9 and 11 (Lightning
+# steps on an epoch's last batch, whatever its window holds); 3 validation batches of 8.
+ACCUMULATE = (
+    *EXACT,
+    "trainer.accumulate_grad_batches=3",
+    "trainer.max_epochs=2",
+    "data.eval_batch_size=8",
+)
+
+
+@pytest.fixture(scope="module")
+def accumulated(tiny_data, tmp_path_factory):
+    """The run of ACCUMULATE, never interrupted."""
+    run_dir = tmp_path_factory.mktemp("accumulated")
+    train(
+        compose_cfg(
+            "train", (*SHRINK, f"data.data_dir={tiny_data}", *ACCUMULATE, f"run_dir={run_dir}")
+        )
+    )
+    return run_dir
+
+
+def resumed_like(reference, make_cfg, run_dir, last) -> dict:
+    """Resume ACCUMULATE from `last` into `run_dir`, compare with `reference`; `last` as saved."""
+    saved = torch.load(last, weights_only=False)
+    train(make_cfg(*ACCUMULATE, f"run_dir={run_dir}", f"ckpt_path={last}"))
+    assert_same_weights(reference, run_dir)
+    assert comparable(reference) == comparable(run_dir)
+    return saved
+
+
+def stopped_at(make_cfg, run_dir, batch: int):
+    """Run ACCUMULATE, sent SIGTERM as training batch `batch` starts; its last.ckpt."""
+    with pytest.raises(SystemExit) as e:
+        train(make_cfg(*ACCUMULATE, *signal_at(batch), f"run_dir={run_dir}"))
+    assert e.value.code == 128 + signal.SIGTERM
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def test_a_signal_mid_window_finishes_the_window_then_resumes_exactly(
+    make_cfg, tmp_path, accumulated
+):
+    saved = resumed_like(accumulated, make_cfg, tmp_path, stopped_at(make_cfg, tmp_path, 5))
+    batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"]
+    assert (saved["global_step"], batches) == (2, 6)  # batch 6 ended the window 5 was in
+
+
+@pytest.mark.slow
+def test_a_signal_before_a_validation_stops_after_it_then_resumes_exactly(
+    make_cfg, tmp_path, accumulated
+):
+    # Batch 11 ends epoch 0, then its validation runs (Lightning alone would stop after its
+    # first batch, and a resume cannot finish a half-run validation exactly).
+    saved = resumed_like(accumulated, make_cfg, tmp_path, stopped_at(make_cfg, tmp_path, 11))
+    loops = saved["loops"]["fit_loop"]
+    assert loops["epoch_loop.val_loop.batch_progress"]["current"]["completed"] == 3
+    assert (saved["epoch"], saved["global_step"]) == (1, 4)  # after epoch 0's end
+
+
+@pytest.mark.slow
+def test_a_step_checkpoint_under_accumulation_resumes_exactly(make_cfg, tmp_path, accumulated):
+    """ModelCheckpoint's every_n_train_steps saves at the batch that steps: a window's end."""
+    crash = ("+callbacks.crash._target_=test_resume.CrashAt", "+callbacks.crash.step=7")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*ACCUMULATE, *crash))
+    saved = resumed_like(accumulated, make_cfg, tmp_path, tmp_path / "checkpoints" / "last.ckpt")
+    batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"]
+    assert (saved["epoch"], saved["global_step"], batches) == (1, 6, 6)  # batch 6 of epoch 1
 
 
 GUARD = (

@@ -191,6 +191,20 @@ def test_pruned_trials_stop_early_and_are_recorded_pruned(tmp_path):
 
 
 @pytest.mark.slow
+def test_restrict_edits_the_configured_space_and_the_command_line_still_wins(tmp_path):
+    restrict = (
+        "+hydra.sweeper.params.c='choice(a, b)'",
+        "+hydra.sweeper.restrict._target_=sweep_app.only_a",
+    )
+    args = ("+hydra.sweeper.params.x='choice(0.1, 0.3)'", "hydra.sweeper.n_trials=3", "epochs=1")
+    study, _ = sweep(tmp_path, *args, *restrict)
+    assert [t.params["c"] for t in study.trials] == ["a"] * 3
+    (cli := tmp_path / "cli").mkdir()  # another space: another study
+    study, _ = sweep(cli, *args, *restrict, "c=choice(b)")
+    assert [t.params["c"] for t in study.trials] == ["b"] * 3
+
+
+@pytest.mark.slow
 def test_a_rerun_resumes_the_study_without_replaying_its_trials(tmp_path):
     args = (
         "x=interval(0, 1)",

@@ -12,11 +12,13 @@ import sys
 
 import pytest
 import yaml
+from hydra.utils import call
 from hydra_plugins.cifar_amp_extras.optuna_asktell_sweeper.sweeper import (
     search_space as parse_space,
 )
 
 from cifar_amp import config, metrics
+from cifar_amp.extras.sweeps import machine
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
 
@@ -58,6 +60,50 @@ def test_the_cpu_search_spends_no_trial_on_float16_autocast():
     assert search_space("optuna_cpu").pop("precision").choices == ("32-true", "bf16-mixed")
     cpu = compose_cfg("train", ["hparams_search=optuna_cpu"], return_hydra_config=True)
     assert cpu.hydra.sweeper.study_name != "cifar_amp"  # another space, another study
+
+
+def searched_here(monkeypatch, bf16: bool, fp16: bool, *overrides: str, device=None) -> dict:
+    """The precision choices hparams_search=optuna searches on a machine whose device has
+    native bfloat16 / float16 kernels or not (`device`: the one the trials get, if not asked)."""
+    monkeypatch.setattr(machine, "capabilities", lambda _: (bf16, fp16))
+    if device:
+        monkeypatch.setattr(machine, "_device", lambda _: device)
+        monkeypatch.setattr(machine.torch.cuda, "get_device_name", lambda: "Tesla V100")
+    cfg = compose_cfg("train", ["hparams_search=optuna", *overrides], return_hydra_config=True)
+    params = {str(k): str(v) for k, v in cfg.hydra.sweeper.params.items()}
+    space, _ = parse_space(
+        [f"{k}={v}" for k, v in call(cfg.hydra.sweeper.restrict, params, cfg).items()], []
+    )
+    return space["precision"].choices
+
+
+def test_the_search_leaves_out_the_modes_this_machine_emulates_and_says_so(monkeypatch, caplog):
+    # A CPU without float16 kernels (this 2-core box, most CPUs): 16-mixed is left out.
+    assert searched_here(monkeypatch, True, False, "trainer=cpu") == ("32-true", "bf16-mixed")
+    said = [r.getMessage() for r in caplog.records if r.name == machine.__name__]
+    assert said == [
+        "Not searching precision 16-mixed: this machine's CPU has no native float16 kernels (it "
+        "emulates them, many times slower than 32-true). Searching 32-true, bf16-mixed (to "
+        "search it anyway, give precision='choice(...)' on the command line)"
+    ]
+    caplog.clear()
+    # A CPU with them (AMX-FP16) keeps it; a GPU without bfloat16 leaves bf16-mixed out.
+    assert "16-mixed" in searched_here(monkeypatch, True, True, "trainer=cpu")
+    assert not caplog.records
+    gpu = searched_here(monkeypatch, False, True, device="cuda")
+    assert gpu == ("32-true", "16-mixed")
+    assert "Not searching precision bf16-mixed: Tesla V100 has no native bfloat16" in caplog.text
+
+
+def test_a_precision_choice_on_the_command_line_is_searched_as_given(tmp_path):
+    """The command line goes over the restricted params (the sweeper: search_space)."""
+    params = machine.fast_here(
+        {"precision": "choice(32-true, 16-mixed)"}, compose_cfg("train", ["trainer=cpu"])
+    )
+    space, fixed = parse_space(
+        [f"{k}={v}" for k, v in params.items()], ["precision=choice(16-mixed,32-true)"]
+    )
+    assert space["precision"].choices == ("16-mixed", "32-true") and not fixed
 
 
 def test_objective_is_the_best_epoch_not_the_last(make_cfg, tmp_path):
@@ -106,7 +152,7 @@ PRUNE_AT_EPOCH_1 = (
 @pytest.mark.slow
 def test_optuna_search_prunes_runs_offline_and_resumes(tmp_path, tiny_data):
     first, second = tmp_path / "first", tmp_path / "second"
-    run_search(tmp_path, first, tiny_data, "~callbacks.optuna_pruning")  # no pruning
+    proc = run_search(tmp_path, first, tiny_data, "~callbacks.optuna_pruning")  # no pruning
     db = tmp_path / "logs" / "train" / "optuna" / "cifar_amp.db"  # the default storage, under cwd
     assert db.is_file()
     run_search(tmp_path, second, tiny_data, *PRUNE_AT_EPOCH_1)  # the same study, resumed
@@ -130,6 +176,9 @@ def test_optuna_search_prunes_runs_offline_and_resumes(tmp_path, tiny_data):
     assert best["best_value"] == pytest.approx(max(t.value for t in done))
     assert set(best["best_params"]) == set(search_space())
     assert [t["state"] for t in best["trials"]] == ["PRUNED", "PRUNED"]
+    if "16-mixed" in machine.emulated("cpu"):  # as on most CPUs: left out of the search
+        assert "Not searching precision 16-mixed: this machine's CPU" in proc.stdout
+        assert {t.params["precision"] for t in study.trials} <= {"32-true", "bf16-mixed"}
 
 
 def log_span(job_dir) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from lightning.pytorch import Callback
 
 from cifar_amp import metrics
 from cifar_amp.errors import UserError, reported
+from cifar_amp.runs import write_atomically, write_text
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,8 @@ class TrainingCurves(Callback):
         self._val = {}
         rows = self.history[EPOCHS]
         rows[:] = [r for r in rows if r["epoch"] < row["epoch"]] + [row]
-        if trainer.is_global_zero:
-            self.dirpath.mkdir(parents=True, exist_ok=True)
-            (self.dirpath / HISTORY).write_text(json.dumps(self.history) + "\n")
+        if trainer.is_global_zero:  # replaced whole (a full disk: one line, the old file kept)
+            write_text(self.dirpath / HISTORY, json.dumps(self.history) + "\n")
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if not (trainer.is_global_zero and self.history[EPOCHS]):
@@ -119,8 +119,8 @@ def figure(runs: dict[str, dict], title: str | None = None):
 
 
 def write(runs: dict[str, dict], out: Path, title: str | None = None) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure(runs, title).savefig(out, dpi=100)
+    fig = figure(runs, title)
+    write_atomically(out, lambda f: fig.savefig(f, format=out.suffix[1:] or None, dpi=100))
 
 
 def load(paths: list[str]) -> dict[str, dict]:

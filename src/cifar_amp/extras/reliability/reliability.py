@@ -1,46 +1,44 @@
 """Extra (docs/fork.md): runs that survive kills, full disks and NaNs (docs/reliability.md).
-Nothing in the core imports it; configs/{callbacks,trainer}/reliability/ attach it."""
+Nothing in the core imports it; configs/{callbacks,trainer,logger}/reliability/ attach it."""
 
 from __future__ import annotations
 
-import contextlib
+import csv
+import io
 import logging
-import os
 import re
-import secrets
 import shlex
 import signal
-import stat
 import sys
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cifar_amp.errors import UserError
+from cifar_amp.runs import WriteFailed, write_atomically, write_text
 from cifar_amp.seams import StopSignal
 
 log = logging.getLogger(__name__)
-# What write_atomically leaves if killed mid-write.
+# What runs.write_atomically leaves of a checkpoint if killed mid-write.
 _TEMP_NAME = re.compile(r"\..+\.ckpt\.[A-Za-z0-9_]+\.tmp")
 
 
 # -- checkpoint writes that a kill or a full disk cannot tear ---------------------------------
-class CheckpointWriteError(UserError):
-    """A checkpoint could not be written (disk full, quota, I/O error); the previous file is kept."""
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Why not Lightning's TorchCheckpointIO: it stages the file in the system temp dir and moves
     it, a copy where /tmp is another filesystem (usual on clusters) that a kill leaves truncated,
-    never fsync'ed. Remote paths (s3://, ...) keep Lightning's behaviour."""
+    never fsync'ed; a full disk ended in two tracebacks. Here: runs.write_atomically, one line
+    (runs.WriteFailed). Remote paths (s3://, ...) keep Lightning's behaviour."""
 
     _cleaned: set[Path] = set()
 
@@ -57,33 +55,38 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         write_atomically(Path(path), lambda f: torch.save(checkpoint, f))
 
 
-def write_atomically(target: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write `target` with `write(file)` through a temp file beside it, fsync'ed and renamed over
-    it; a failure leaves the previous `target` (an OSError: a one-line CheckpointWriteError)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
-    # 0o666 filtered by the umask is what a plain open() would give a new file.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    try:
-        with os.fdopen(os.open(tmp, flags, 0o666), "wb") as f:
-            if target.exists():  # an overwrite keeps the file's mode, as open(target, "wb") would
-                os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if not isinstance(e, OSError):
-            raise
-        kept = "its previous version is kept" if target.exists() else "no earlier version existed"
-        raise CheckpointWriteError(f"cannot write {target}: {e.strerror or e}; {kept}") from e
-    with contextlib.suppress(OSError):  # make the rename durable (Windows cannot open dirs)
-        fd = os.open(target.parent, os.O_RDONLY)
+class AtomicCSVLogger(CSVLogger):
+    """Lightning's CSVLogger (`logger=csv`), whose metrics.csv is replaced whole at each save
+    (runs.write_atomically): Lightning's appends to it in place, and rewrites it in place when
+    a column is new, which a full disk left torn or empty. A save (every
+    flush_logs_every_n_steps steps) reads the rows back to write them with the new ones."""
+
+    @rank_zero_only
+    def save(self) -> None:
+        writer = self.experiment
+        if not writer.metrics:
+            return
+        path = Path(writer.metrics_file_path)
+        keys = sorted(set(writer.metrics_keys).union(*writer.metrics))
+        rows = []
+        if path.is_file():
+            with path.open(newline="") as f:
+                rows = list(csv.DictReader(f))
+        text = io.StringIO()
+        table = csv.DictWriter(text, fieldnames=keys)
+        table.writeheader()
+        table.writerows([*rows, *writer.metrics])
+        write_text(path, text.getvalue())
+        writer.metrics_keys[:], writer.metrics = keys, []
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            super().finalize(status)
+        except WriteFailed as e:
+            if status != "failed":
+                raise
+            log.warning("%s", e)  # the run failed of something else: that is the error to name
 
 
 def _is_local_path(path) -> bool:
@@ -92,77 +95,170 @@ def _is_local_path(path) -> bool:
 
 
 # -- SIGTERM (preemption, scancel, kill) and Ctrl+C --------------------------------------------
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class SaveOnSignal(Callback, StopSignal):
     """Save last.ckpt and stop cleanly on SIGTERM and on the first Ctrl+C; a second aborts.
-    Lightning's signal connector finishes the batch and raises SIGTERMException (on all DDP
-    ranks); Ctrl+C is routed the same way, as Lightning alone would abort mid-step."""
 
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, object] = {}
-        self._deferred = False
-        self._trainer = None
+    A signal stops the run at the next end of an accumulation window, where every gradient is
+    in the weights (a window in progress is finished: at most accumulate_grad_batches - 1 more
+    micro-batches), and never inside a validation (its running metrics are not checkpointed):
+    there this sets Lightning's SIGTERM flag, Lightning raises SIGTERMException and on_exception
+    saves, so a resume is exact. Under DDP the ranks share whether any has had a signal every
+    `share_every` optimizer steps, after each validation and at each epoch end, and all stop at
+    the same step; Lightning's own broadcast of its flag at every step is turned off."""
+
+    def __init__(self, share_every: int = 10) -> None:
+        if share_every < 1:
+            raise UserError(f"callbacks.save_on_signal: share_every={share_every} must be >= 1")
+        self.share_every = share_every
+        self._trainer = None  # while fitting
+        self._before: dict[int, Any] = {}  # the handlers before fit, where signals go after it
+        self._ranks, self._rank = 1, 0
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.signum: int | None = None  # the signal this process had
+        self._stop = False  # decided (on every rank alike): stop at this window end
+        self._stepped = False  # the batch in progress has stepped the optimizer
+        self._open = False  # the last training batch left its accumulation window open
+        self._steps = 0  # optimizer steps since the last decision
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        # Installed before Lightning registers its SIGTERM handler (right after on_fit_start),
-        # which then calls this one after its own.
         if threading.current_thread() is not threading.main_thread():
             return
-        self._trainer = trainer
-        self._previous = {
-            s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)
-        }
+        self._trainer, self._ranks, self._rank = trainer, trainer.world_size, trainer.global_rank
+        self._fresh()
+        self._before = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        if self._ranks > 1:
+            _no_flag_broadcast_per_step(trainer)
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self._own_signals()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._own_signals()
+
+    def _own_signals(self) -> None:
+        # Lightning registers its SIGTERM handler after on_fit_start, calling this one after its
+        # own, which under DDP broadcasts from rank 0 wherever the signal lands (a collective
+        # the other ranks do not make there): this one alone from now on.
+        if self._trainer is not None:
+            for s in SIGNALS:
+                signal.signal(s, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if signum == signal.SIGINT:
-            if self.signum == signal.SIGINT:
-                raise KeyboardInterrupt  # second Ctrl+C: stop now, without saving
-            self.signum = signal.SIGINT
+        if self._trainer is None:  # after fit (Lightning's teardown restores this handler)
+            return self._pass_on(signum, frame)
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt  # second Ctrl+C: stop now, without saving
+        if self.signum is None or signum == signal.SIGINT:
+            again = " (press Ctrl+C again to abort)" if signum == signal.SIGINT else ""
             log.warning(
-                "Ctrl+C: finishing this batch, then saving a checkpoint (press again to abort)"
+                "%s: finishing this optimizer step, then saving a checkpoint%s",
+                signal.Signals(signum).name,
+                again,
             )
-            os.kill(os.getpid(), signal.SIGTERM)  # Lightning's graceful path
-            return
-        self.signum = self.signum or signum
-        if self._trainer is not None and self._trainer.validating:
-            # Lightning would stop mid-validation, and a resume cannot finish a half-run
-            # validation exactly (its running metrics are not checkpointed): stop right after it.
+        self.signum = signum
+        if not self._stop:  # Lightning's own handler (before on_train_start) may have set it
             _set_received_sigterm(self._trainer, False)
-            self._deferred = True
+
+    def _pass_on(self, signum, frame) -> None:
+        before = self._before.get(signum)
+        signal.signal(signum, before if before is not None else signal.SIG_DFL)
+        if callable(before):
+            before(signum, frame)
+        elif before in (None, signal.SIG_DFL):
+            signal.raise_signal(signum)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._stepped = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._open, self._stepped = not self._stepped, False
+        if self._open or self._trainer is None:
+            return
+        self._steps += 1
+        if self._steps >= self.share_every if self._ranks > 1 else self.signum is not None:
+            self._decide(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self._stop:  # decided at the batch before it: stop after it
+            _set_received_sigterm(trainer, False)
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if self._deferred:
+        if self._trainer is None or trainer.sanity_checking:
+            return
+        if not (self._open or self._stop):
+            self._decide(trainer)
+        if self._stop:
             _set_received_sigterm(trainer, True)
-            self._deferred = False
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self._trainer is None or self._open or self._stop:
+            return
+        if self._ranks == 1 or self._steps:  # (not again right after a validation's)
+            self._decide(trainer)
+
+    def _decide(self, trainer) -> None:
+        """At a window end, on every rank at once: stop if any rank has had a signal."""
+        self._steps = 0
+        signalled = self.signum is not None
+        if self._ranks > 1:  # public: a collective, and a host-device sync, every share_every
+            signalled = trainer.strategy.reduce_boolean_decision(signalled, all=False)
+        if signalled:
+            self._stop = True
+            _set_received_sigterm(trainer, not trainer.validating)
+
+    @property
+    def exit_code(self) -> int:
+        # Ranks > 0 end cleanly: Lightning's launcher of `ddp` kills every rank (the command
+        # too) when one exits non-zero, and rank 0 says why the run stopped.
+        return 0 if self._rank else 128 + (self.signum or signal.SIGTERM)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException) and self._trainer is not None:
+            signum = self.signum or signal.SIGTERM  # another rank's, under DDP
+            path = last_checkpoint_path(trainer)
+            trainer.save_checkpoint(path)
+            if self._rank:  # every rank stops at the same step: its log says which
+                log.info("rank %d: stopped at step %d", self._rank, trainer.global_step)
+            else:
+                msg = (
+                    f"{signal.Signals(signum).name}: stopped at epoch {trainer.current_epoch}, "
+                    f"step {trainer.global_step}; saved {path}. Resume with: "
+                    f"{resume_command(path, trainer.default_root_dir)}"
+                )
+                log.warning(msg)
+                print(msg, file=sys.stderr, flush=True)
         self._restore()
-        if not isinstance(exception, SIGTERMException):
-            return
-        self.signum = signum = self.signum or signal.SIGTERM  # the core exits 128 + it
-        path = last_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
-        if trainer.is_global_zero:
-            msg = (
-                f"{signal.Signals(signum).name}: stopped at epoch {trainer.current_epoch}, step "
-                f"{trainer.global_step}; saved {path}. Resume with: "
-                f"{resume_command(path, trainer.default_root_dir)}"
-            )
-            log.warning(msg)
-            print(msg, file=sys.stderr, flush=True)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._restore()
 
     def _restore(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous = {}
+        if self._trainer is not None:
+            self._trainer = None
+            for s, handler in self._before.items():
+                signal.signal(s, handler)
 
 
 def _set_received_sigterm(trainer, value: bool) -> None:
     # Private: the flag Lightning checks at each batch boundary (`received_sigterm` is read-only).
     trainer._signal_connector.received_sigterm = value
+
+
+def _no_flag_broadcast_per_step(trainer) -> None:
+    # Private: under DDP Lightning 2.6 broadcasts its SIGTERM flag from rank 0 and reads it with
+    # .item() at every training step, a collective and a host-device sync per step (Lightning
+    # issue 21487; PR 21640 proposes a Trainer setting for how often). SaveOnSignal shares the
+    # flag itself. test_reliability.py fails if Lightning no longer makes that call.
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _shared_by_save_on_signal
+
+
+def _shared_by_save_on_signal() -> None:
+    pass
 
 
 def last_checkpoint_path(trainer) -> Path:

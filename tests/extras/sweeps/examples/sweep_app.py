@@ -29,6 +29,12 @@ class Config:
 ConfigStore.instance().store(name="config", node=Config)
 
 
+def only_a(params: dict, config) -> dict:
+    """A `hydra.sweeper.restrict` for the tests: `c` is searched over `a` alone, here."""
+    assert config.epochs >= 1  # the sweep's own config
+    return params | {"c": "choice(a)"}
+
+
 @hydra.main(version_base="1.3", config_path=None, config_name="config")
 def main(cfg: Config) -> float:
     trial = current_trial()

@@ -24,6 +24,9 @@ class OptunaAskTellSweeperConf:
     # Built in each job for its own trial (so not one that needs the sampler: HyperbandPruner).
     pruner: Any = field(default_factory=lambda: {"_target_": "optuna.pruners.MedianPruner"})
     params: Dict[str, str] = field(default_factory=dict)  # key: a Hydra sweep, e.g. choice(1, 2)
+    # A function's config (`_target_`), called with (params, the sweep's config) as the search
+    # starts: the params to search on this machine (the command line still goes over them).
+    restrict: Any = None
     # Job i of a batch sees only GPU devices[i % len(devices)] (CUDA_VISIBLE_DEVICES); needs a
     # launcher that starts a new process per job (hydra/launcher=local, SLURM).
     devices: Optional[List[Any]] = None

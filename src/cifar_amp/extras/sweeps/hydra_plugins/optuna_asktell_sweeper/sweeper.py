@@ -15,7 +15,7 @@ from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
-from hydra.utils import instantiate
+from hydra.utils import call, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .trial import PRUNED_AT, STORAGE, STUDY_NAME, TRIAL_ID
@@ -151,6 +151,7 @@ class OptunaAskTellSweeper(Sweeper):
         pruner: DictConfig,
         params: Optional[DictConfig],
         devices: Optional[List[Any]],
+        restrict: Optional[DictConfig] = None,
     ) -> None:
         if n_trials < 1 or n_jobs < 1:
             raise ValueError(f"hydra.sweeper: n_trials={n_trials}, n_jobs={n_jobs}; must be >= 1")
@@ -158,6 +159,7 @@ class OptunaAskTellSweeper(Sweeper):
         self.n_trials, self.n_jobs, self.sampler = n_trials, n_jobs, sampler
         self.params = {str(k): str(v) for k, v in (params or {}).items()}
         self.devices = [str(d) for d in devices or []]  # the pruner is the jobs' (trial.py)
+        self.restrict = restrict
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         self.config = config
@@ -176,7 +178,8 @@ class OptunaAskTellSweeper(Sweeper):
             )
             sys.exit(2)
 
-        space, fixed = search_space([f"{k}={v}" for k, v in self.params.items()], arguments)
+        params = call(self.restrict, self.params, self.config) if self.restrict else self.params
+        space, fixed = search_space([f"{k}={v}" for k, v in params.items()], arguments)
         if (self.storage or "").startswith("sqlite:///"):  # SQLite does not make the folder
             Path(self.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         study = optuna.create_study(
