@@ -73,10 +73,9 @@ def test_each_reason_torch_gives_for_no_cuda_graph_is_said_once_in_one_line(capl
         cudagraphs_log.removeHandler(torchs)
     said = [r.getMessage() for r in caplog.records if r.name == "cifar_amp.compiling"]
     assert said == [
-        "Compile: no CUDA graph for a compiled graph: skipping cudagraphs due to mutated inputs "
-        "(2 instances) (TORCH_LOGS=cudagraphs: where)",
-        "Compile: no CUDA graph for a compiled graph: skipping cudagraphs due to cpu device (conv) "
-        "(TORCH_LOGS=cudagraphs: where)",
+        "Compile: a graph runs without CUDA graphs: mutated inputs (2 instances) "
+        "(where: TORCH_LOGS=cudagraphs)",
+        "Compile: a graph runs without CUDA graphs: cpu device (conv) (where: TORCH_LOGS=cudagraphs)",
     ]
     # Torch's multi-line messages are not printed; its other messages are.
     assert [r.getMessage() for r in torchs.records] == [

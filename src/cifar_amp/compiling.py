@@ -48,11 +48,11 @@ class _CudaGraphSkips(logging.Filter):
         text = record.getMessage()
         if not text.startswith(("skipping cudagraph", "disabling cudagraph")):
             return True
-        reason = text.splitlines()[0].partition(". Found from")[0].strip()
+        reason = text.splitlines()[0].partition(". Found from")[0].partition("due to ")[2]
         if reason not in self.said:
             self.said.add(reason)
             log.warning(
-                f"Compile: no CUDA graph for a compiled graph: {reason} (TORCH_LOGS=cudagraphs: where)"
+                f"Compile: a graph runs without CUDA graphs: {reason} (where: TORCH_LOGS=cudagraphs)"
             )
         # TORCH_LOGS=cudagraphs sets its logger to DEBUG
         return logging.getLogger(record.name).level == logging.DEBUG
