@@ -165,6 +165,19 @@ def test_the_probe_steps_as_the_run_does_and_waits_once_a_window(make_cfg, mode,
     assert torch.nn.utils.get_total_norm(grads) <= 1e-3 * 1.01  # unscaled, then clipped
 
 
+def test_a_16_mixed_candidate_whose_first_fused_step_overflows_stays_finite(make_cfg):
+    # The GradScaler skips that step; torch's fused SGD would leave its momentum uninitialised
+    # (empty_like), as the run's plugin does not: the candidate steps as the run does.
+    module = build.module(make_cfg("data.batch_size=8"), 10)
+    plugin = A.AutoPrecision(scaler={"init_scale": 2.0**60}).plugin("cpu", "16-mixed")
+    run = A._Candidate(module, plugin, torch.device("cpu"), (2.0, None))
+    batch = (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    assert run.window(batch, 4)[1] and plugin.scaler.get_scale() < 2.0**60  # it backed off
+    momenta = [run.optimizer.state[p]["momentum_buffer"] for p in run.optimizer.state]
+    assert momenta and all(m.isfinite().all() for m in momenta)
+    assert all(p.isfinite().all() for p in run.module.parameters())
+
+
 def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeypatch, caplog):
     """A CPU that (we pretend) has native float16, where 16-mixed is the fastest but its loss
     is not finite: bf16-mixed is chosen, installed and recorded with each candidate's speed."""

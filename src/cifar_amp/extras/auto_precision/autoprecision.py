@@ -56,7 +56,7 @@ from torch import Tensor
 
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
-from cifar_amp.precision import NAMES, Precision
+from cifar_amp.precision import NAMES, Precision, _start_momentum
 from cifar_amp.seams import FollowsCheckpoint
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,9 @@ class _Candidate:
             self.plugin.clip_gradients(optimizer, self.clip_val, self.clip_algorithm)
         if scaler is None:
             optimizer.step()
-        else:
+        else:  # as Autocast.optimizer_step: fused SGD's momentum set before a skipped first step
+            if _optimizer_handles_unscaling(optimizer):
+                _start_momentum(optimizer)
             scaler.step(optimizer)
             scaler.update()
         if self.scheduler is not None:
