@@ -101,7 +101,7 @@ SPEED = (
 )
 
 
-@pytest.mark.slow  # compiles SpeedNet on CPU: about 2 minutes cold, 20 s from the cache
+@pytest.mark.slow  # compiles SpeedNet on CPU: 5 min cold, 1.5 min from the cache (loaded 2-core box)
 def test_reduce_overhead_trains_the_speed_recipe_on_cpu_says_why_no_graphs_and_resumes(
     make_cfg, tmp_path, caplog
 ):
