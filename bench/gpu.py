@@ -462,7 +462,8 @@ def checkpointing_section(ctx: Context, keep) -> list:
 
 
 def auto_section(ctx: Context, keep) -> dict:
-    """precision=auto's probe on the precision section's network and batch."""
+    """precision=auto's probe on the precision section's network, batch, optimizer and clipping:
+    the table's row checks its choice against the template's own steps in the precision rows."""
     from cifar_amp import build
     from cifar_amp.extras.auto_precision import autoprecision as A
 
@@ -482,8 +483,9 @@ def auto_section(ctx: Context, keep) -> dict:
     names = A.candidates(dev.type, *A.capabilities(dev))
     batch = next(iter(dm.train_dataloader()))  # as the probe takes it in a run
     start = time.perf_counter()
+    clip = (trainer.gradient_clip_val, trainer.gradient_clip_algorithm)  # the run's, as a run's
     found = A.probe(
-        module, batch, names, lambda n: prec.plugin(dev.type, n), dev, prec.probe_seconds
+        module, batch, names, lambda n: prec.plugin(dev.type, n), dev, prec.probe_seconds, clip
     )
     seconds = time.perf_counter() - start
     return {

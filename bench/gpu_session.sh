@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One lent GPU session, as issue 27 asks (docs/benchmarks-gpu.md, "A GPU session"): the GPU tests,
-# each file in its own process with tracebacks, side by side, then `make bench-gpu`, every log under $OUT.
-#   bash bench/gpu_session.sh [tests|bench|parts|all]     (from the repository root; default all)
+# One lent GPU session (docs/benchmarks-gpu.md, "A GPU session"): where a step's time goes (a
+# torch.profiler trace of the default recipe and of the plain loop), the GPU tests, each file in its
+# own process with tracebacks, side by side, then `make bench-gpu`, every log under $OUT as it goes.
+#   bash bench/gpu_session.sh [trace|tests|bench|parts|all]  (from the repository root; default all)
 # The GPU machine has torch, torchvision, lightning and torchmetrics but no Hydra and no network:
 # Hydra's three wheels travel in WHEELS (default .whl/, git-ignored) and go into .bench-site/;
 # the data in DATA (default data/cifar10-subset, git-ignored). Settings, all optional:
 # OUT (logs/gpu_session), TEST_TIMEOUT (s per test file, 150), BUDGET (bench-gpu's, 540),
-# AIRBENCH (a copy of airbench94.py, run beside experiment=speedrun_gpu).
+# AIRBENCH (a copy of airbench94.py, run beside experiment=speedrun_gpu), TRACE_MODES (the trace's
+# precisions, 32-true,bf16-mixed,16-mixed), TRACE_TIMEOUT (s, 240).
 set -u
 OUT=${OUT:-logs/gpu_session} WHEELS=${WHEELS:-.whl} DATA=${DATA:-data/cifar10-subset}
 PY=${PYTHON:-python3}
@@ -14,6 +16,14 @@ mkdir -p "$OUT"
 $PY -m pip install -q --upgrade --no-index --no-deps --target .bench-site "$WHEELS"/*.whl || exit 2
 export PYTHONPATH=src:.:.bench-site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+
+if [ "${1:-all}" = trace ] || [ "${1:-all}" = all ]; then
+  # 20 ordinary steps of each loop in each mode (bench/trace.py): $OUT/trace/trace.{json,md} and
+  # the Chrome traces, rewritten after each loop; about 20 s a loop and mode.
+  timeout -k 10 "${TRACE_TIMEOUT:-240}" $PY -m bench.trace --device cuda --data-dir "$DATA" \
+    --precision "${TRACE_MODES:-32-true,bf16-mixed,16-mixed}" --out "$OUT/trace" \
+    2>&1 | tee "$OUT/trace.log"
+fi
 
 if [ "${1:-all}" = tests ] || [ "${1:-all}" = all ]; then
   # One process per file, all at once (-n 0: no xdist workers inside): a hang or a crash in one

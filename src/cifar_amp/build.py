@@ -90,6 +90,8 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
                 "fused optimizer's gradients there; add trainer.gradient_clip_val=null (the "
                 "default trainer clips) or module.optimizer.fused=false"
             )
+    if OmegaConf.select(cfg, "module.compile"):  # test reuses validation's graph (no_grad),
+        overrides.setdefault("inference_mode", False)  # not one more for inference tensors
     if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
         overrides.setdefault("benchmark", not t.get("deterministic"))
     accelerator = overrides.get("accelerator", t.get("accelerator"))

@@ -12,12 +12,11 @@ from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from cifar_amp import metrics, seams
+from cifar_amp import compiling, metrics, seams
 from cifar_amp import tta as TTA
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 from cifar_amp.overhead import HookNameFastPath
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 SGD = MappingProxyType(
     {"_target_": "torch.optim.SGD", "lr": 0.2, "momentum": 0.9, "nesterov": True}
     | {"weight_decay": 5e-4, "fused": True}
@@ -39,12 +38,12 @@ class ImageClassifier(HookNameFastPath):
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)
         compile: bool = False,  # torch.compile the network
-        compile_mode: str = "default",  # of COMPILE_MODES; reduce-overhead: CUDA graphs
+        compile_mode: str = "default",  # of compiling.MODES; reduce-overhead: CUDA graphs
         tta: str = "none",  # in test (and validation if `tta_val`): none | flip | flip_shift
         tta_shift: int = 1,  # pixels, for flip_shift (tta.py)
         tta_val: bool = False,
     ) -> None:
-        choices = {"tta": (tta, TTA.MODES), "compile_mode": (compile_mode, COMPILE_MODES)}
+        choices = {"tta": (tta, TTA.MODES), "compile_mode": (compile_mode, compiling.MODES)}
         for arg, (value, valid) in choices.items():
             if value not in valid:
                 raise InvalidArgument(arg, repr(value), f"valid: {', '.join(valid)}")
@@ -76,9 +75,10 @@ class ImageClassifier(HookNameFastPath):
         self._pending: dict[str, list] = {"train": [], "val": [], "test": []}
 
     def configure_model(self) -> None:
-        # In place (nn.Module.compile), so state-dict keys are the same compiled or not.
         if self.hparams.compile:
-            self.net.compile(mode=self.hparams.compile_mode)
+            compiling.compile_net(
+                self.net, self.hparams.compile_mode, self.trainer.strategy.root_device
+            )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

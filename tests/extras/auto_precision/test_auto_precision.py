@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.plugins.precision import Precision as Plugin
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import nn
 
 from cifar_amp import build, metrics
@@ -24,9 +25,11 @@ from cifar_amp.evaluation import evaluate
 from cifar_amp.extras.auto_precision import autoprecision as A
 from cifar_amp.module import ImageClassifier
 from cifar_amp.precision import Autocast
+from cifar_amp.schedules import OneCycleLR
 from cifar_amp.training import build_run, train
 from conftest import CPU_DDP, requires_cuda
 from test_ddp import TWO_RANKS, plain
+from test_host_sync import _AtenReads, _PythonReads
 
 
 @pytest.mark.parametrize(
@@ -115,8 +118,8 @@ class ColdStart:
     def __init__(self) -> None:
         self.steps = 0
 
-    def step(self, batch) -> tuple[float, bool]:
-        self.steps += 1
+    def window(self, batch, steps: int) -> tuple[float, bool]:
+        self.steps += steps
         return (1.0 if self.steps == 1 else 0.001), True
 
 
@@ -125,8 +128,54 @@ def test_the_probe_sizes_its_batch_by_warm_steps_not_the_first():
     # ran at 16 images, timing the host, and chose the slowest mode.
     batch = (torch.zeros(512, 4), torch.zeros(512))
     runs = {"32-true": ColdStart(), "bf16-mixed": ColdStart()}
-    fitted, _ = A._fitting(batch, runs, time.perf_counter() + 5.0)
-    assert len(fitted[0]) == 512
+    fitted, warm = A._fitting(batch, runs, time.perf_counter() + 5.0)
+    assert len(fitted[0]) == 512 and warm == {}  # not stepped at 512 yet: a warm-up step next
+
+
+@pytest.mark.parametrize(
+    "mode,fused,reads",
+    [
+        ("32-true", True, 1),
+        ("16-mixed", True, 1),  # the fused step takes the inf flag on the device
+        ("16-mixed", False, 1 + 5),  # GradScaler reads it each step, as in the run
+    ],
+)
+def test_the_probe_steps_as_the_run_does_and_waits_once_a_window(make_cfg, mode, fused, reads):
+    """The run's optimizer (fused or not) and schedule, its clipping of unscaled gradients,
+    the mode's plugin and scaler, and no host read between the steps of a window (the old probe
+    read the loss, and waited for the device, after every step)."""
+    cfg = make_cfg(f"module.optimizer.fused={str(fused).lower()}", "data.batch_size=8")
+    module = build.module(cfg, 10)
+    plugin = A.AutoPrecision().plugin("cpu", mode)
+    clip = (1e-3, GradClipAlgorithmType.NORM)  # well under the gradients' norm: it clips
+    run = A._Candidate(module, plugin, torch.device("cpu"), clip)
+    config = cfg.module.optimizer
+    assert type(run.optimizer).__name__ == config._target_.rsplit(".", 1)[1]
+    for key in ("lr", "momentum", "nesterov", "weight_decay"):
+        assert run.optimizer.defaults[key] == pytest.approx(config[key])
+    assert run.optimizer.defaults["fused"] is fused and isinstance(run.scheduler, OneCycleLR)
+    assert run.scaler is getattr(plugin, "scaler", None) and run.module is not module
+    batch = (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    run.window(batch, 1)  # the optimizer's state
+    found = []
+    with _PythonReads(found), _AtenReads(found):
+        seconds, finite = run.window(batch, 5)
+    assert len(found) == reads and seconds > 0 and finite
+    grads = [p.grad for p in run.module.parameters() if p.grad is not None]
+    assert torch.nn.utils.get_total_norm(grads) <= 1e-3 * 1.01  # unscaled, then clipped
+
+
+def test_a_16_mixed_candidate_whose_first_fused_step_overflows_stays_finite(make_cfg):
+    # The GradScaler skips that step; torch's fused SGD would leave its momentum uninitialised
+    # (empty_like), as the run's plugin does not: the candidate steps as the run does.
+    module = build.module(make_cfg("data.batch_size=8"), 10)
+    plugin = A.AutoPrecision(scaler={"init_scale": 2.0**60}).plugin("cpu", "16-mixed")
+    run = A._Candidate(module, plugin, torch.device("cpu"), (2.0, None))
+    batch = (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    assert run.window(batch, 4)[1] and plugin.scaler.get_scale() < 2.0**60  # it backed off
+    momenta = [run.optimizer.state[p]["momentum_buffer"] for p in run.optimizer.state]
+    assert momenta and all(m.isfinite().all() for m in momenta)
+    assert all(p.isfinite().all() for p in run.module.parameters())
 
 
 def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeypatch, caplog):
@@ -135,9 +184,10 @@ def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeyp
     monkeypatch.setattr(A, "capabilities", lambda device: (True, True))
     probed = []
 
-    def fake_probe(module, batch, names, plugin, device, budget):
+    def fake_probe(module, batch, names, plugin, device, budget, clip):
         probed.append(names)
         assert isinstance(plugin("16-mixed"), MixedPrecision) and budget == 20.0
+        assert clip == (2.0, None)  # the default trainer's clipping (None: Lightning's, by norm)
         return {
             "32-true": measured(100),
             "bf16-mixed": measured(150),

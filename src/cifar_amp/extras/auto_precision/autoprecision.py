@@ -9,18 +9,30 @@ Candidates, by device (`candidates`):
   float32 on the maintainers' CPU, so probing it would only spend the budget.
 - Any other device: `32-true`.
 
-The probe (`probe`) trains a copy of the module per candidate, each with its own optimizer and
-precision plugin, on the first training batch (the run's batch size and layout): one untimed
-warm-up step each (cuDNN autotuning, oneDNN kernel creation), then timed steps in turn (A, B, A,
-B, ...: a busy machine slows every candidate alike) until `precision.probe_seconds` is spent.
+The probe (`probe`) trains a copy of the module per candidate on the first training batch
+(the run's batch size and layout) as the run will train it (`_Candidate`): the optimizer and
+schedule of the module's `configure_optimizers` (fused where configured), the candidate's
+autocast and GradScaler (`precision.scaler`), the run's gradient clipping (`unscale_` first, as
+Lightning does it), and no host read inside a step: the device is waited for at the two ends
+of a window of WINDOW steps only, as in training, where the host's work on a step overlaps the
+device's on the one before, and a step that reads the device (GradScaler's inf check with a
+non-fused optimizer) pays for it. On one H200 the previous probe, one step at a time with a
+wait after each, found 16-mixed 5% faster than bf16-mixed, while the template's own steps ran
+bf16-mixed 1.35x faster (docs/benchmarks-gpu.md). Not in it: Lightning's loop and the run's
+callbacks (their per-step work has side effects: checkpoints, logs, an EMA copy), the same in
+every mode; `make bench-gpu` checks the choice against the template's own steps. One untimed
+warm-up step each (cuDNN autotuning, oneDNN kernel creation), then timed windows in turn (A, B,
+A, B, ...: a busy machine slows every candidate alike) until `precision.probe_seconds` is spent
+or each has timed MAX_TIMED_STEPS steps.
 Where two steps of each candidate would not fit that budget (a GPU-sized network and batch on a
 CPU), it probes on the batch's first images only, as many as fit (a warm pilot step of 16
 images each says how many), and says so; metrics.json records the images it probed with. It
 runs eager (before `module.compile` compiles the network) and leaves the run's module, loader
-position and random state as they were. `choose` rejects every candidate whose loss was not finite and takes the
-fastest of the rest by its fastest step; a candidate within 5% of the fastest wins if it is the
-more precise (32-true, then bf16-mixed, then 16-mixed), since the probe's few steps cannot
-tell 5% apart on a busy machine. Under DDP every rank probes and rank 0's choice is used.
+position and random state as they were. `choose` rejects every candidate whose loss was not
+finite and takes the fastest of the rest by its fastest window; a candidate within 5% of the
+fastest wins if it is the more precise (32-true, then bf16-mixed, then 16-mixed), since the
+probe's few steps cannot tell 5% apart on a busy machine. Under DDP every rank probes and rank
+0's choice is used.
 """
 
 from __future__ import annotations
@@ -29,25 +41,30 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Annotated, Callable, Optional
 
 import torch
-from hydra.utils import instantiate
-from lightning import Callback
+from lightning import Callback, LightningModule
+from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.core.optimizer import _configure_optimizers
 from lightning.pytorch.plugins import precision as plugins
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.utilities import GradClipAlgorithmType
+from torch import Tensor
 
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
-from cifar_amp.precision import NAMES, Precision
+from cifar_amp.precision import NAMES, Precision, _start_momentum
 from cifar_amp.seams import FollowsCheckpoint
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
 SAFEST_FIRST = ("32-true", "bf16-mixed", "16-mixed")
 MARGIN = 1.05  # a safer candidate this close to the fastest wins
-MAX_TIMED_STEPS = 20  # per candidate, whatever the budget: enough for a steady fastest step
+MAX_TIMED_STEPS = 20  # per candidate, whatever the budget: enough for a steady fastest window
+WINDOW = 5  # steps timed together, the device waited for at the window's ends only
 # metrics.json keys of the probe: PRECISION_PROBE/<mode> = a candidate's images/s (null: loss not
 # finite); PRECISION_PROBE_BATCH = the images of each probe step (the run's batch)
 PRECISION_PROBE, PRECISION_PROBE_BATCH = "precision_probe", "precision_probe/batch"
@@ -55,7 +72,7 @@ PRECISION_PROBE, PRECISION_PROBE_BATCH = "precision_probe", "precision_probe/bat
 
 @dataclass
 class Measured:
-    """One candidate's probe: its step times (s) and whether every loss was finite."""
+    """One candidate's probe: its seconds a step in each window, whether every loss was finite."""
 
     seconds: list[float] = field(default_factory=list)
     finite: bool = True
@@ -63,7 +80,7 @@ class Measured:
 
     @property
     def images_per_sec(self) -> float:
-        # Of the fastest step: on a busy machine other processes only ever add time.
+        # Of the fastest window: on a busy machine other processes only ever add time.
         return self.batch_size / min(self.seconds) if self.seconds else 0.0
 
 
@@ -106,30 +123,35 @@ def probe(
     plugin: Callable[[str], object],
     device: torch.device,
     budget: float,
+    clip: tuple[float | None, object] = (None, None),
 ) -> dict[str, Measured]:
     """Train a copy of `module` on `batch` in each mode of `names` (`plugin(name)`: its
-    precision plugin) for at most about `budget` seconds in all; see the module doc."""
+    precision plugin; `clip`: the run's gradient_clip_val and algorithm) for at most about
+    `budget` seconds in all; see the module doc."""
     cuda = device.type == "cuda"
     rng = torch.random.get_rng_state(), torch.cuda.get_rng_state(device) if cuda else None
     deadline = time.perf_counter() + budget
-    runs = {name: _Candidate(module, plugin(name), device) for name in names}
+    runs = {name: _Candidate(module, plugin(name), device, clip) for name in names}
     try:
-        batch, warm = _fitting(batch, runs, deadline)
+        batch, step = _fitting(batch, runs, deadline)  # step: a step's seconds, if stepped
         out = {name: Measured(batch_size=len(batch[0])) for name in names}
         for name, run in runs.items():  # warm-up, at this batch size (unless the pilot's)
-            out[name].finite &= warm or run.step(batch)[1]
-        stepped = True
-        while stepped:  # each candidate in turn, while its next step fits the budget
+            if name not in step:
+                step[name], out[name].finite = run.window(batch, 1)
+        timed, stepped = dict.fromkeys(names, 0), True
+        while stepped:  # a window of each candidate in turn, while it fits the budget
             stepped = False
             for name, run in runs.items():
-                m = out[name]
-                if len(m.seconds) >= MAX_TIMED_STEPS or (
-                    m.seconds and time.perf_counter() + m.seconds[-1] > deadline
-                ):
+                fit = (deadline - time.perf_counter()) / step[name] if step[name] else WINDOW
+                steps = min(WINDOW, MAX_TIMED_STEPS - timed[name], int(fit))
+                if steps < 1 and not timed[name]:  # one step late, not a candidate unranked
+                    steps = 1
+                if steps < 1:
                     continue
-                seconds, finite = run.step(batch)
-                m.seconds.append(seconds)
-                m.finite &= finite
+                step[name], finite = run.window(batch, steps)
+                out[name].seconds.append(step[name])
+                out[name].finite &= finite
+                timed[name] += steps
                 stepped = True
     finally:
         del runs
@@ -140,10 +162,10 @@ def probe(
     return out
 
 
-def _fitting(batch, runs: dict, deadline: float, pilot: int = 16) -> tuple[list, bool]:
+def _fitting(batch, runs: dict, deadline: float, pilot: int = 16) -> tuple[list, dict]:
     """(`batch`, or its first images where two steps of every candidate at full size would not
-    fit the budget (a CPU with a GPU-sized network and batch); whether every candidate has
-    stepped at that size already). Sized by a warm pilot step of each candidate on `pilot`
+    fit the budget (a CPU with a GPU-sized network and batch); each candidate's seconds a step
+    at that size where it has stepped warm at it already, the pilot's). Sized by a warm pilot step of each candidate on `pilot`
     images, taking step time as proportional to the images (which overestimates, since part of
     a step does not grow with the batch). A candidate's first step is no measure: it loads
     kernels, autotunes cuDNN and makes the optimizer's state, which on an H100 took longer than
@@ -151,54 +173,82 @@ def _fitting(batch, runs: dict, deadline: float, pilot: int = 16) -> tuple[list,
     host instead of the GPU."""
     size = len(batch[0])
     if size <= pilot:
-        return batch, False
+        return batch, {}
     small = [t[:pilot] for t in batch]
     for run in runs.values():
-        run.step(small)  # the one-time costs
-    per_image = sum(run.step(small)[0] for run in runs.values()) / pilot
-    fits = int(0.8 * (deadline - time.perf_counter()) / (2 * per_image))
+        run.window(small, 1)  # the one-time costs
+    warm = {name: run.window(small, 1)[0] for name, run in runs.items()}
+    fits = int(0.8 * (deadline - time.perf_counter()) / (2 * sum(warm.values()) / pilot))
     if fits >= size:
-        return batch, False
-    return [t[: max(pilot, fits)] for t in batch], fits <= pilot
+        return batch, {}
+    return [t[: max(pilot, fits)] for t in batch], warm if fits <= pilot else {}
 
 
 class _Candidate:
-    """A copy of the module with its own optimizer (the module's `optimizer` config where it
-    has one) and precision plugin; `step` = one timed training step."""
+    """A copy of the module trained in one mode as the run trains it: the optimizer and
+    schedule of its `configure_optimizers` (fused or not, as configured), the plugin's
+    autocast and GradScaler, the run's clipping through the plugin (after `unscale_`, as
+    Lightning's automatic optimisation does it), in the layout of the module and batch;
+    `window` times steps without a host read between them, as training runs them."""
 
-    def __init__(self, module, plugin, device: torch.device) -> None:
+    def __init__(self, module, plugin, device: torch.device, clip=(None, None)) -> None:
         self.plugin, self.device = plugin, device
         self.module = copy.deepcopy(module).to(device).train()  # without its Trainer
-        config = getattr(module, "hparams", {}).get("optimizer")
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = (
-            instantiate(config, params=params)
-            if isinstance(config, dict) and "_target_" in config
-            else torch.optim.SGD(params, lr=1e-3)
-        )
+        self.optimizer, self.scheduler = _optimizers(self.module)
         self.scaler = getattr(plugin, "scaler", None)
+        self.clip_val, self.clip_algorithm = clip[0] or 0.0, clip[1] or GradClipAlgorithmType.NORM
 
-    def step(self, batch) -> tuple[float, bool]:
-        self._sync()
-        start = time.perf_counter()
+    def step(self, batch) -> Tensor:
+        """One training step, the loss (left on the device)."""
+        optimizer, scaler = self.optimizer, self.scaler
+        optimizer.zero_grad(set_to_none=True)
         with self.plugin.forward_context():
             out = self.module.training_step(self.plugin.convert_input(batch), 0)
         loss = out["loss"] if isinstance(out, dict) else out
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        finite = torch.isfinite(loss.detach()).item()
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        if scaler is not None and not _optimizer_handles_unscaling(optimizer):
+            scaler.unscale_(optimizer)
+        if self.clip_val > 0:  # 16-mixed's plugin unscales a fused optimizer's gradients first
+            self.plugin.clip_gradients(optimizer, self.clip_val, self.clip_algorithm)
+        if scaler is None:
+            optimizer.step()
+        else:  # as Autocast.optimizer_step: fused SGD's momentum set before a skipped first step
+            if _optimizer_handles_unscaling(optimizer):
+                _start_momentum(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return loss.detach()
+
+    def window(self, batch, steps: int) -> tuple[float, bool]:
+        """(seconds a step over `steps` steps, whether every loss was finite): the device waited
+        for at the window's two ends only, where training never waits."""
         self._sync()
-        return time.perf_counter() - start, finite
+        start = time.perf_counter()
+        losses = [self.step(batch) for _ in range(steps)]
+        finite = bool(torch.stack(losses).isfinite().all())  # the window's one host read
+        self._sync()
+        return (time.perf_counter() - start) / steps, finite
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _optimizers(module) -> tuple[torch.optim.Optimizer, object]:
+    """The optimizer and first scheduler of `module.configure_optimizers()` (a plain SGD where
+    it has none), the schedule sized for a long run (its rate matters, not its values)."""
+    if type(module).configure_optimizers is LightningModule.configure_optimizers:
+        return torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=1e-3), None
+    module.trainer = SimpleNamespace(estimated_stepping_batches=10_000)  # what it may ask
+    try:
+        # Private: Lightning's reading of configure_optimizers' forms (its own, one place);
+        # tests/extras/auto_precision checks the probe gets the run's optimizer and schedule.
+        optimizers, schedulers, _ = _configure_optimizers(module.configure_optimizers())
+    finally:
+        module.trainer = None
+    return optimizers[0], schedulers[0]["scheduler"] if schedulers else None
 
 
 def first_batch(trainer):
@@ -316,6 +366,7 @@ class Probe(Callback):
             lambda name: prec.plugin(device.type, name),
             device,
             prec.probe_seconds,
+            (trainer.gradient_clip_val, trainer.gradient_clip_algorithm),
         )
         chosen = trainer.strategy.broadcast(choose(measured), src=0)
         prec.probed = {k: m.images_per_sec if m.finite else None for k, m in measured.items()}
