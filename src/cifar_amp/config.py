@@ -19,11 +19,14 @@ from cifar_amp import metrics
 
 EXTRAS = Path(__file__).parent / "extras"  # an extra is a folder there (docs/fork.md)
 RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
-# By config group: the arguments that build.py passes, which other parts decide (not settings).
+# By config group: the arguments that build.py passes, which other parts decide (not settings);
+# the module passes its optimizer's and schedule's (the run's length and position among them).
 PASSED_BY_BUILD = {
     "model": ("num_classes",),
     "data": ("channels_last",),
     "module": ("net", "num_classes", "channels_last"),
+    "module/optimizer": ("params",),
+    "module/scheduler": ("optimizer", "total_steps", "epochs", "steps_per_epoch", "last_epoch"),
     "trainer": ("precision", "callbacks", "logger", "default_root_dir"),
 }
 SCHEMA_LINE = re.compile(r"^\s*-\s*/schema/([\w.]+)@_here_\s*(?:#.*)?$", re.M)
@@ -42,18 +45,32 @@ def _field_type(hint: Any) -> Any:
     return str if origin is typing.Literal and all(isinstance(a, str) for a in args) else Any
 
 
-def schema(target: Any, exclude: tuple[str, ...] = (), with_target: bool = True) -> type:
-    """A dataclass of `target`'s keyword arguments, typed, with their defaults (MISSING if none)."""
+def arguments(target: Any) -> dict[str, tuple[inspect.Parameter, Any, Any]]:
+    """`target`'s named arguments: (parameter, type hint, hint with Annotated's metadata). A
+    class's **kwargs are those of its base's __init__ (a subclass that passes the rest on)."""
     fn = target.__init__ if inspect.isclass(target) else target
     hints, extras = typing.get_type_hints(fn), typing.get_type_hints(fn, include_extras=True)
-    path = f"{target.__module__}.{target.__qualname__}"
-    columns = [("_target_", str, field(default=path))] if with_target else []
+    out, rest = {}, False
     for name, p in inspect.signature(target).parameters.items():
-        if name in exclude or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        rest |= p.kind == p.VAR_KEYWORD
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            out[name] = (p, hints.get(name, Any), extras.get(name))
+    if rest and inspect.isclass(target):
+        base = next(c for c in target.__mro__[1:] if "__init__" in vars(c))
+        out = (arguments(base) if base is not object else {}) | out
+    return out
+
+
+def schema(target: Any, exclude: tuple[str, ...] = (), path: str | None = None) -> type:
+    """A dataclass of `target`'s keyword arguments, typed, with their defaults (MISSING if none);
+    `_target_` is `path` (as a YAML file names the class), unless None: a nested node's."""
+    columns = [("_target_", str, field(default=path))] if path else []
+    for name, (p, hint, extra) in arguments(target).items():
+        if name in exclude:
             continue
-        typ, value = _field_type(hints.get(name, Any)), p.default
-        if isinstance(nested := getattr(extras.get(name), "__metadata__", [None])[0], Nested):
-            typ = schema(nested.target, nested.exclude, with_target=False)
+        typ, value = _field_type(hint), p.default
+        if isinstance(nested := getattr(extra, "__metadata__", [None])[0], Nested):
+            typ = schema(nested.target, nested.exclude)
             value = typ()
         elif value is p.empty:  # required: the YAML or the user sets it
             value = MISSING
@@ -106,8 +123,9 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
         cs.store(name=f"{name}_schema", node=OmegaConf.structured(node, flags={"struct": False}))
     for root in (Path(config_dir), *sorted(EXTRAS.glob("*/configs"))):
         for f in sorted(root.rglob("*.yaml")):
-            exclude = PASSED_BY_BUILD.get(f.relative_to(root).parts[0], ())
+            group = "/".join(f.relative_to(root).parts[:-1])  # module/optimizer, else module's
+            exclude = PASSED_BY_BUILD.get(group, PASSED_BY_BUILD.get(group.split("/")[0], ()))
             for path in SCHEMA_LINE.findall(f.read_text()):
-                cs.store(group="schema", name=path, node=schema(get_object(path), exclude))
+                cs.store(group="schema", name=path, node=schema(get_object(path), exclude, path))
     OmegaConf.register_new_resolver("metric", metrics.resolve, replace=True)
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID, replace=True)
