@@ -1,4 +1,4 @@
-"""One-cycle schedules for every run length, and re-planned when a resume changes the length."""
+"""One-cycle and cosine schedules for every run length, re-planned when a resume changes it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from cifar_amp import build, metrics
 from cifar_amp.errors import UserError
-from cifar_amp.schedules import OneCycleLR, warmup_steps
+from cifar_amp.schedules import CosineAnnealingLR, OneCycleLR, warmup_steps
 from cifar_amp.training import train
 from conftest import CPU_DDP
 
@@ -19,6 +19,8 @@ ARGS = {"max_lr": MAX_LR, "pct_start": 0.25, "anneal_strategy": "linear"}  # the
 
 def make(total: int, cls=OneCycleLR, **kwargs):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0, momentum=0.9)
+    if cls is CosineAnnealingLR:
+        return opt, cls(opt, total_steps=total, **kwargs)
     return opt, cls(opt, total_steps=total, **{**ARGS, **kwargs})
 
 
@@ -70,32 +72,45 @@ def test_same_rates_as_torch_where_its_phases_are_whole_steps(kwargs):
     assert trace(*ours, 100) == trace(*theirs, 100)
 
 
-def resumed(planned: int, done: int, total: int):
+@pytest.mark.parametrize("total", [1, 2, 7, 100])
+def test_cosine_has_torchs_rates_over_the_run_and_stays_at_its_end(total):
+    """torch's CosineAnnealingLR (T_max=total) over the run; after it, the minimum, where torch's
+    rises again."""
+    eta_min, opt = 0.01, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ours = make(total, CosineAnnealingLR, eta_min=eta_min)
+    theirs = opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, total, eta_min)
+    assert lrs(*ours, total) == pytest.approx(lrs(*theirs, total), rel=1e-12, abs=1e-15)
+    assert lrs(*ours, 3) == [eta_min] * 3 != lrs(*theirs, 3)
+
+
+def resumed(planned: int, done: int, total: int, cls=OneCycleLR):
     """A schedule planned for `planned` steps, checkpointed after `done`, loaded as Lightning
     does (optimizer state first) into a run of `total` steps."""
-    opt, sched = make(planned)
+    opt, sched = make(planned, cls)
     lrs(opt, sched, done)
-    opt2, sched2 = make(total)
+    opt2, sched2 = make(total, cls)
     opt2.load_state_dict(opt.state_dict())
     sched2.load_state_dict(sched.state_dict())
     return opt2, sched2
 
 
+@pytest.mark.parametrize("cls", [OneCycleLR, CosineAnnealingLR])
 @pytest.mark.parametrize("total", [20, 8], ids=["longer", "shorter"])
-def test_resume_with_another_length_continues_on_the_new_plan(total, caplog):
-    opt, sched = resumed(planned=10, done=6, total=total)
-    assert "planned for 10 steps, re-planned for " + str(total) in caplog.text
-    fresh_opt, fresh = make(total)
+def test_resume_with_another_length_continues_on_the_new_plan(total, cls, caplog):
+    opt, sched = resumed(planned=10, done=6, total=total, cls=cls)
+    assert f"{cls.__name__}: planned for 10 steps, re-planned for {total}" in caplog.text
+    fresh_opt, fresh = make(total, cls)
     lrs(fresh_opt, fresh, 6)
     # From step 6 on, the same rates and momentum as a run planned for `total` from the start.
     assert trace(opt, sched, total - 6) == trace(fresh_opt, fresh, total - 6)
     assert (sched.last_epoch, sched.total_steps) == (fresh.last_epoch, fresh.total_steps)
 
 
-def test_resume_with_the_same_length_is_exact(caplog):
-    opt, sched = resumed(planned=10, done=6, total=10)
+@pytest.mark.parametrize("cls", [OneCycleLR, CosineAnnealingLR])
+def test_resume_with_the_same_length_is_exact(cls, caplog):
+    opt, sched = resumed(planned=10, done=6, total=10, cls=cls)
     assert "re-planned" not in caplog.text
-    ref_opt, ref = make(10)
+    ref_opt, ref = make(10, cls)
     lrs(ref_opt, ref, 6)
     assert sched.state_dict() == ref.state_dict()
     assert trace(opt, sched, 4) == trace(ref_opt, ref, 4)

@@ -1,4 +1,5 @@
-"""One-cycle learning rates in whole steps, for any run length and resumes that change it."""
+"""Learning-rate schedules over the run's `total_steps`, for any length and resumes that change it:
+one-cycle in whole steps, and cosine decay."""
 
 import bisect
 import logging
@@ -23,7 +24,31 @@ def warmup_steps(total_steps: int, pct_start: float, three_phase: bool = False) 
     return min(max(1, math.floor(pct_start * total_steps + 0.5) - 1), most)
 
 
-class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
+class Replanned:
+    """A schedule over `total_steps` that a resume for another length re-plans from the step done."""
+
+    total_steps: int
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        planned, done = state_dict["total_steps"], state_dict["last_epoch"]
+        if planned == self.total_steps:
+            return super().load_state_dict(state_dict)
+        if done > self.total_steps:
+            raise UserError(
+                f"trainer.max_epochs/max_steps: this run would take {self.total_steps} optimizer "
+                f"steps, but the checkpoint has done {done} (its schedule was planned for "
+                f"{planned}); resume with at least {done} steps, or start a new run"
+            )
+        if rank_zero_only.rank == 0:
+            msg = "%s: planned for %d steps, re-planned for %d; continuing at step %d"
+            log.warning(msg, type(self).__name__, planned, self.total_steps, done)
+        self.last_epoch = done - 1
+        with warnings.catch_warnings():  # this fresh scheduler's first step: before optimizer's
+            warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"))
+            self.step()
+
+
+class OneCycleLR(Replanned, torch.optim.lr_scheduler.OneCycleLR):
     """torch's OneCycleLR in whole steps: its fractional peak divides by zero at 4 steps, 0.25."""
 
     def __init__(
@@ -64,20 +89,18 @@ class OneCycleLR(torch.optim.lr_scheduler.OneCycleLR):
                     group["momentum"] = m
         return lrs
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        planned, done = state_dict["total_steps"], state_dict["last_epoch"]
-        if planned == self.total_steps:
-            return super().load_state_dict(state_dict)
-        if done > self.total_steps:
-            raise UserError(
-                f"trainer.max_epochs/max_steps: this run would take {self.total_steps} optimizer "
-                f"steps, but the checkpoint has done {done} (its schedule was planned for "
-                f"{planned}); resume with at least {done} steps, or start a new run"
-            )
-        if rank_zero_only.rank == 0:
-            msg = "OneCycleLR: planned for %d steps, re-planned for %d; continuing at step %d"
-            log.warning(msg, planned, self.total_steps, done)
-        self.last_epoch = done - 1
-        with warnings.catch_warnings():  # this fresh scheduler's first step: before optimizer's
-            warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"))
-            self.step()
+
+class CosineAnnealingLR(Replanned, torch.optim.lr_scheduler.CosineAnnealingLR):
+    """torch's cosine decay from the optimizer's rate to `eta_min` over `total_steps`, in closed
+    form (torch's steps are recursive, and rise again past T_max): a resume may change the length."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, eta_min: float = 0.0):
+        self.total_steps = total_steps
+        super().__init__(optimizer, T_max=total_steps, eta_min=eta_min)
+
+    def get_lr(self) -> list[float]:
+        done = min(self.last_epoch, self.total_steps) / max(1, self.total_steps)
+        return [
+            self.eta_min + (lr - self.eta_min) * (1 + math.cos(math.pi * done)) / 2
+            for lr in self.base_lrs
+        ]
