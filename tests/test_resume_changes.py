@@ -68,7 +68,7 @@ def test_resume_into_a_new_run_dir_tests_the_same_best_checkpoint(make_cfg, tmp_
 def planned_lrs(cfg, total: int) -> list[float]:
     """The learning rates of a run of `total` steps planned from the start."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0, momentum=0.9)
-    args = {k: v for k, v in cfg.module.scheduler.items() if k != "_target_"}
+    args = {k: v for k, v in cfg.module.scheduler.items() if k not in ("_target_", "max_lr")}
     sched = schedules.OneCycleLR(opt, total_steps=total, max_lr=cfg.module.optimizer.lr, **args)
     out = []
     for _ in range(total):
@@ -135,6 +135,23 @@ def one_step_checkpoint(tmp_path_factory, tiny_data):
             "model._target_=cifar_amp.models.speednet.SpeedNet",
         ),
         ("data.dataset=cifar100", "data.dataset=cifar10", "data.dataset=cifar100"),
+        # The optimizer's and the schedule's state fit no other class: Lightning would load SGD's
+        # momentum buffers into AdamW (a KeyError at its first step), one-cycle's into cosine.
+        (
+            "module/optimizer=adamw",
+            "module.optimizer._target_=torch.optim.SGD",
+            "module.optimizer._target_=torch.optim.AdamW",
+        ),
+        (
+            "module/scheduler=cosine",
+            "module.scheduler._target_=cifar_amp.schedules.OneCycleLR",
+            "module.scheduler._target_=cifar_amp.schedules.CosineAnnealingLR",
+        ),
+        (
+            "module/scheduler=none",
+            "module.scheduler._target_=cifar_amp.schedules.OneCycleLR",
+            "module.scheduler._target_=None",
+        ),
     ],
 )
 def test_resume_with_another_setting_is_refused(
@@ -147,6 +164,21 @@ def test_resume_with_another_setting_is_refused(
     assert str(e.value).startswith(
         f"ckpt_path={ckpt} was trained with {recorded}; this run asks for {asked}."
     )
+
+
+def test_a_checkpoint_of_71c3482_is_refused_another_optimizer_by_its_hyperparameters(
+    make_cfg, one_step_checkpoint, tmp_path
+):
+    old = torch.load(one_step_checkpoint, weights_only=False)
+    for key in ("module.optimizer._target_", "module.scheduler._target_"):
+        del old[SETTINGS][key]  # 71c3482 recorded neither; its hparams name both classes
+    torch.save(old, tmp_path / "old.ckpt")
+    with pytest.raises(UserError) as e:
+        train(make_cfg("module/optimizer=adam", f"ckpt_path={tmp_path / 'old.ckpt'}"))
+    assert "was trained with module.optimizer._target_=torch.optim.SGD; this run asks for " in (
+        msg := str(e.value)
+    )
+    assert msg.endswith("resume with the module/optimizer it was trained with, or start a new run")
 
 
 def test_checkpoint_without_the_record_is_resumed_as_before(one_step_checkpoint, tmp_path):

@@ -31,7 +31,10 @@ def test_defaults_come_from_the_constructors():
     assert cfg.data.batch_size == default(CIFARDataModule, "batch_size")
     assert cfg.data.val_split == default(CIFARDataModule, "val_split")
     assert cfg.module.label_smoothing == default(ImageClassifier, "label_smoothing")
-    assert cfg.module.optimizer.lr == default(ImageClassifier, "optimizer")["lr"]
+    assert cfg.module.optimizer.dampening == default(torch.optim.SGD, "dampening")
+    assert cfg.module.scheduler.div_factor == default(
+        torch.optim.lr_scheduler.OneCycleLR, "div_factor"
+    )
     assert cfg.precision.scaler.init_scale == default(torch.amp.GradScaler, "init_scale")
     assert cfg.trainer.inference_mode == default(L.Trainer, "inference_mode")
 

@@ -14,7 +14,7 @@ from bench import framework, loader_speed, reference_loop
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.module import ImageClassifier
-from conftest import tiny_data
+from conftest import compose_cfg, tiny_data
 
 
 def test_reference_loop_reaches_the_same_weights_as_lightning():
@@ -32,10 +32,12 @@ def test_reference_loop_reaches_the_same_weights_as_lightning():
         augment_cfg=Augment(alternate_flip=True, translate=2),
     )
     torch.manual_seed(0)
-    # The module's default optimizer and OneCycle schedule.
+    recipe = compose_cfg("train").module  # the default optimizer and OneCycle schedule
     module = ImageClassifier(
         {"_target_": "cifar_amp.models.speednet.SpeedNet", "widths": [8, 8, 16]},
         10,
+        optimizer=recipe.optimizer,
+        scheduler=recipe.scheduler,
         label_smoothing=0.2,
     )
     net = copy.deepcopy(module.net)

@@ -38,7 +38,15 @@ def run_settings(cfg) -> dict:
         "data.batch_size": cfg.data.get("batch_size"),
         "precision": cfg.precision.name,
         "model._target_": cfg.model["_target_"],
+        **trained_by(cfg.module),
     }
+
+
+def trained_by(module) -> dict:
+    """The optimizer's and the schedule's classes (None: no schedule), by config key, from the
+    module's config or a checkpoint's hyper_parameters: their states fit no other class."""
+    nodes = {k: module[k] for k in ("optimizer", "scheduler") if k in module}
+    return {f"module.{k}._target_": getattr(v, "get", {}.get)("_target_") for k, v in nodes.items()}
 
 
 class Checkpoint:
@@ -62,16 +70,20 @@ class Checkpoint:
         if not isinstance(data, dict) or "state_dict" not in data:
             raise UserError(f"{self.where} is not a Lightning checkpoint (no 'state_dict')")
         self.data, self.hparams = data, data.get("hyper_parameters", {})
-        self.settings: dict = data.get(SETTINGS, {})  # older checkpoints have none
+        # Older checkpoints have no record; those of 71c3482 hold their classes in hparams.
+        self.settings: dict = trained_by(self.hparams) | data.get(SETTINGS, {})
 
     def check_settings(self, settings: dict) -> None:
         """Refuse to continue with other settings, naming the first that differs."""
         for key, theirs in self.settings.items():
             if key in settings and settings[key] != theirs:
+                # A class is chosen by a config group's option (module/optimizer=sgd), not typed.
+                group = key.removesuffix("._target_").replace(".", "/")
+                same = f"the {group} it was trained with" if key.endswith("._target_") else None
                 raise UserError(
                     f"{self.where} was trained with {key}={theirs}; this run asks for "
                     f"{key}={settings[key]}. A resume must keep {', '.join(settings)}: resume "
-                    f"with {key}={theirs}, or start a new run"
+                    f"with {same or f'{key}={theirs}'}, or start a new run"
                 )
 
     def check_fits(self, module, num_classes: int) -> None:

@@ -132,7 +132,9 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
             fail(f"{option} sets {key}, which {taker} does not take; its keys: {keys}")
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f"did you mean {key.removesuffix(name)}{close[0]}? " if close else ""
-        fail(f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}: {keys}")
+        node = cause.parent_node if isinstance(cause.parent_node, DictConfig) else {}
+        of = f" ({node['_target_']})" if "_target_" in node else ""
+        fail(f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}{of}: {keys}")
     except Exception:  # anything else (syntax, ...): Hydra reports it in its own words
         return
     for group in ("sweeper", "launcher") if multirun or cfg.hydra.mode == RunMode.MULTIRUN else ():

@@ -3,7 +3,6 @@
 import copy
 import inspect
 import math
-from types import MappingProxyType
 from typing import Mapping, Optional
 
 import torch
@@ -12,18 +11,10 @@ from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from cifar_amp import compiling, metrics, seams
+from cifar_amp import compiling, config, metrics, seams
 from cifar_amp import tta as TTA
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 from cifar_amp.overhead import HookNameFastPath
-
-SGD = MappingProxyType(
-    {"_target_": "torch.optim.SGD", "lr": 0.2, "momentum": 0.9, "nesterov": True}
-    | {"weight_decay": 5e-4, "fused": True}
-)
-ONE_CYCLE = MappingProxyType(
-    {"_target_": "cifar_amp.schedules.OneCycleLR", "pct_start": 0.25, "anneal_strategy": "linear"}
-)
 
 
 class ImageClassifier(HookNameFastPath):
@@ -33,8 +24,10 @@ class ImageClassifier(HookNameFastPath):
         self,
         net: Mapping,
         num_classes: int,
-        optimizer: Mapping = SGD,  # `fused`: one kernel a step, no host read (false: foreach)
-        scheduler: Optional[Mapping] = ONE_CYCLE,  # per step; total_steps= if taken; null: constant
+        # A class and its settings each (configs/module/optimizer/ and scheduler/), which this
+        # module builds with the parameters, the optimizer and the run's total_steps.
+        optimizer: Optional[Mapping] = None,
+        scheduler: Optional[Mapping] = None,  # stepped every optimizer step; None: constant
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)
         compile: bool = False,  # torch.compile the network
@@ -51,10 +44,17 @@ class ImageClassifier(HookNameFastPath):
             raise InvalidArgument("label_smoothing", label_smoothing, "must be in [0, 1)")
         if not 1 <= tta_shift <= 8:
             raise InvalidArgument("tta_shift", tta_shift, "must be in [1, 8]")
-        if (lr := optimizer.get("lr")) is not None and not 0 < lr < math.inf:
+        for arg, node in (("optimizer", optimizer), ("scheduler", scheduler)):
+            if node is not None and not (isinstance(node, Mapping) and "_target_" in node):
+                raise InvalidArgument(arg, repr(node), f"choose one with module/{arg}=<option>")
+            takes = config.arguments(get_class(node["_target_"])) if node else {}
+            if bad := [k for k in node or () if k not in {"_target_", *takes}]:
+                target, value = node["_target_"], node[bad[0]]
+                raise InvalidArgument(f"{arg}.{bad[0]}", value, f"{target} takes no {bad[0]}")
+        if optimizer and (lr := optimizer.get("lr")) is not None and not 0 < lr < math.inf:
             raise InvalidArgument("optimizer.lr", lr, "must be > 0")
         # Plain dicts, saved with the rest: a checkpoint rebuilds this module from itself.
-        net, optimizer, scheduler = dict(net), dict(optimizer), scheduler and dict(scheduler)
+        net, optimizer, scheduler = (n and dict(n) for n in (net, optimizer, scheduler))
         super().__init__()
         self.save_hyperparameters(logger=False)
         try:
@@ -162,7 +162,7 @@ class ImageClassifier(HookNameFastPath):
         # A resume keeps the optimizer kernel it was trained with: the state it loads sets
         # `fused`, but not torch's flag that tells the GradScaler to hand the step its inf flag.
         saved = [s["param_groups"][0] for s in checkpoint.get("optimizer_states", [])][:1]
-        if saved and "fused" in saved[0] and "fused" in self.hparams.optimizer:
+        if saved and "fused" in saved[0] and "fused" in (self.hparams.optimizer or {}):
             self.hparams.optimizer["fused"] = saved[0]["fused"]
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:
@@ -171,6 +171,8 @@ class ImageClassifier(HookNameFastPath):
         return TTA.predict(self, x, self.hparams.tta, self.hparams.tta_shift).float().softmax(-1)
 
     def configure_optimizers(self):
+        if not self.hparams.optimizer:  # e.g. rebuilt from a checkpoint older than the setting
+            raise UserError("module.optimizer is not set: e.g. module/optimizer=sgd")
         optimizer = instantiate(self.hparams.optimizer, params=self.parameters())
         if not (scheduler := self.hparams.scheduler):
             return optimizer

@@ -304,7 +304,7 @@ def test_auto_on_two_ranks_trains_both_in_rank_zeros_choice(make_cfg, tmp_path, 
         "callbacks=none",
         "test=false",
     )
-    module = ImageClassifier(net=plain(cfg.model), num_classes=10)
+    module = ImageClassifier(net=plain(cfg.model), num_classes=10, optimizer=cfg.module.optimizer)
     trainer = build.trainer(cfg, callbacks=[RecordPrecision(tmp_path)], loggers=[])
     trainer.fit(module, datamodule=build.datamodule(cfg))
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["bf16-mixed"] * 2
