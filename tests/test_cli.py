@@ -8,6 +8,7 @@ import urllib.request
 
 import pytest
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import open_dict
 
@@ -147,6 +148,15 @@ def test_a_recipe_that_sets_keys_another_model_lacks_is_named(capsys):
         "error: experiment=cpu_quick sets model.widths, which model=small_cnn does not take; "
         "its keys: _target_, activation_checkpointing, checkpoint_stages, hidden"
     )
+
+
+def test_a_value_holding_an_equals_sign_gets_one_line_saying_how_to_quote_it(capsys):
+    # Hydra: "mismatched input '=' expecting <EOF>", a traceback and exit 1.
+    path = "/runs/r/checkpoints/epoch=0-step=7.ckpt"  # a name Lightning's callbacks may write
+    err = refusal(capsys, [f"ckpt_path={path}"], "eval")
+    quoted = err.rstrip().rpartition(": ")[2].strip('"')  # as the shell passes it on
+    assert quoted == f"ckpt_path='{path}'"
+    assert OverridesParser.create().parse_overrides([quoted])[0].value() == path
 
 
 def test_eval_keys_pass(capsys):

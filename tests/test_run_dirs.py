@@ -130,3 +130,16 @@ def test_train_py_in_a_run_dir_another_process_holds_is_refused(tmp_path, tiny_d
         "wait for that run to end or pick a new hydra.run.dir"
     )
     assert not (run_dir / "config.yaml").exists()  # refused before anything was written
+
+
+def test_callbacks_none_writes_a_checkpoint_the_command_line_can_take(make_cfg, tmp_path):
+    # Lightning's own checkpoint, added where none is configured, was epoch=0-step=7.ckpt: Hydra's
+    # grammar refused `eval.py ckpt_path=.../epoch=0-step=7.ckpt` ("mismatched input '='").
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from cifar_amp.training import train
+
+    tested = train(make_cfg("callbacks=none"))["tested_ckpt"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["last.ckpt"]
+    assert tested == str(tmp_path / "checkpoints" / "last.ckpt")
+    assert OverridesParser.create().parse_overrides([f"ckpt_path={tested}"])[0].value() == tested

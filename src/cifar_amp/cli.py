@@ -69,7 +69,13 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str, entry=N
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         values = [v for arg, o in zip(overrides, parsed, strict=True) if (v := _values(arg, o))]
-    except Exception:  # unparsable: Hydra reports it in its own words
+    except Exception:  # unparsable: Hydra reports it in its own words, but for a value's `=`
+        for key, _, value in (a.partition("=") for a in overrides if not _parses(a)):
+            if "=" in value:  # a Lightning checkpoint's name: epoch=0-step=7.ckpt
+                fail(
+                    f"{key}={value}: Hydra reads the `=` in the value as a second key; quote "
+                    f"the value, with the shell's quotes around it: \"{key}='{value}'\""
+                )
         return
     first = [v[0] for v in values]
     jobs = [first] + [[*first[:i], x, *first[i + 1 :]] for i, v in enumerate(values) for x in v[1:]]
@@ -78,6 +84,13 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str, entry=N
             _check_entry_keys(overrides, parsed, config_dir, config_name, entry)
         for job_argv in jobs:
             _check_job(job_argv, config_dir, config_name, multirun=len(overrides) < len(argv))
+
+
+def _parses(arg: str) -> bool:
+    try:
+        return bool(OverridesParser.create().parse_overrides([arg]))
+    except Exception:
+        return False
 
 
 def _values(arg: str, o) -> list[str]:
