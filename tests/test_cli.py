@@ -1,5 +1,6 @@
 """The commands themselves, as a user runs them (subprocess only for what needs the CLI)."""
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -266,3 +267,22 @@ def test_a_sweeps_launcher_whose_package_is_not_installed_is_one_line(
         "error: hydra/launcher=cluster needs cluster-launcher, which is not installed here: "
         "pip install -e '.[c]'\n"
     )
+
+
+def test_run_from_a_checkout_without_installing_it_the_pip_hints_come_from_pyproject(monkeypatch):
+    # PYTHONPATH=src: no distribution's metadata to read the hints from, so a missing package
+    # of an option was a traceback.
+    errors.declared.cache_clear()
+    installed = errors.declared()
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {})
+    errors.declared.cache_clear()
+    try:
+        checkout = errors.declared()
+        assert errors.missing_package(ImportError(name="mlflow")) == (
+            "mlflow, which is not installed here: pip install -e '.[trackers]'"
+        )
+    finally:
+        errors.declared.cache_clear()
+    assert checkout.keys() == installed.keys() and "cifar-amp" not in checkout
+    extras = {k: v for k, v in installed.items() if " -e " in v}  # a group's: no version to order
+    assert extras == {k: v for k, v in checkout.items() if " -e " in v} and extras

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+from pathlib import Path
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
@@ -43,14 +44,30 @@ def fail(msg: str) -> None:
 
 @functools.cache
 def declared() -> dict[str, str]:
-    """pyproject.toml's packages by normalised name -> pip command (found by a fork's name too)."""
+    """pyproject.toml's packages by normalised name -> pip command (found by a fork's name too):
+    the installed distribution's requirements, or a checkout's pyproject.toml (PYTHONPATH=src)."""
     out, dists = {}, importlib.metadata.packages_distributions().get(__name__.split(".")[0])
-    for line in importlib.metadata.requires(dists[0]) or [] if dists else []:
+    own, lines = (dists[0], importlib.metadata.requires(dists[0]) or []) if dists else pyproject()
+    for line in lines:
         name, extra = re.match(r"[\w.-]+", line)[0], re.search(r'extra == "([^"]+)"', line)
         how = f"-e '.[{extra[1]}]'" if extra else f"'{line.split(';')[0].strip()}'"
-        if name != dists[0]:  # the test extra names the distribution itself
+        if name != own:  # the test extra names the distribution itself
             out.setdefault(name.lower().replace("_", "-"), f"pip install {how}")
     return out
+
+
+def pyproject() -> tuple[str, list[str]]:
+    """(name, requirements as the installed metadata lists them) of the checkout holding us."""
+    try:  # tomllib: Python 3.11+
+        import tomllib
+
+        path = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        project = tomllib.loads(path.read_text())["project"]
+    except (ImportError, OSError, ValueError, KeyError):  # not in a checkout, or Python 3.10
+        return "", []
+    groups = project.get("optional-dependencies", {}).items()
+    extras = [f'{r}; extra == "{group}"' for group, reqs in groups for r in reqs]
+    return project["name"], project.get("dependencies", []) + extras
 
 
 def missing_package(e: BaseException) -> str | None:
