@@ -6,7 +6,8 @@
   code, tests and docs, and the distribution `cifar-amp` (pyproject's `[project] name`, the
   `test` group that installs the others, the README's title);
 - the checkpoints under tests/: loaded with torch.load (weights_only: plain data), their
-  strings renamed, saved again. A checkpoint is a zip of pickles, which sed cannot edit.
+  strings renamed, saved again. A checkpoint is a zip of pickles, which sed cannot edit;
+- src/*.egg-info, setuptools' build metadata of the old name, is removed (reinstalling writes it).
 
 Files that git ignores (.venv, data, logs) are left alone; outside a git checkout every file
 is renamed but those folders. Needs torch (for the checkpoints): run it with the venv's python.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +104,10 @@ def main(argv: list[str]) -> int:
         if changed != text:
             path.write_text(changed)
             done += 1
+    # setuptools' build metadata of the old name (an editable install's): the next install
+    # writes it anew, and renamed it would list the old package.
+    for stale in root.glob("src/*.egg-info"):
+        shutil.rmtree(stale)
     # Folders last, deepest first: src/<pkg>, src/hydra_plugins/<pkg>_extras.
     for path in sorted(root.rglob(f"*{old}*"), key=lambda p: -len(p.parts)):
         if not skipped(path.relative_to(root)):

@@ -65,11 +65,26 @@ def test_a_renamed_fork_trains_evaluates_and_reads_every_checkpoint(tmp_path, ti
         net = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["net"]
         assert net["_target_"].startswith(f"{NEW}.")
     # Each asset rebuilds its module in the fork (as eval.py would), in one process; and, not
-    # installed under its new name, the fork gives no pip hint naming the template's distribution.
+    # installed under its new name, the fork's pip hints come from its own pyproject.toml.
     script = (
         f"from {NEW}.checkpoints import Checkpoint\nfrom {NEW}.errors import declared\n"
         f"for path in {[str(a) for a in assets]!r}:\n"
         f"    assert type(Checkpoint(path).module().net).__module__.startswith('{NEW}.'), path\n"
         "print(declared())\n"
     )
-    assert run("-c", script).stdout.strip() == "{}"
+    hints = run("-c", script).stdout.strip()
+    assert "pip install -e '.[trackers]'" in hints and OLD.replace("_", "-") not in hints
+
+
+def test_rename_removes_the_old_names_egg_info(tmp_path):
+    # setuptools' build metadata of an editable install (ignored by git), which the rename
+    # carried over to src/<new>.egg-info, still naming the old package.
+    from scripts import rename
+
+    (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "{OLD.replace("_", "-")}"\n')
+    (tmp_path / "src" / OLD).mkdir(parents=True)
+    (tmp_path / "src" / OLD / "__init__.py").write_text("")
+    (egg := tmp_path / "src" / f"{OLD}.egg-info").mkdir()
+    (egg / "top_level.txt").write_text(f"{OLD}\n")
+    assert rename.main([NEW, "--root", str(tmp_path)]) == 0
+    assert sorted(p.name for p in (tmp_path / "src").iterdir()) == [NEW]
