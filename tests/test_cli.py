@@ -131,6 +131,7 @@ def test_a_training_override_given_to_eval_gets_one_line_and_exit_2(tmp_path):
     [
         ("+model=small_cnn", "+model=small_cnn: eval.py takes the network from the checkpoint"),
         ("module.optimizer.lr=0.1", "eval.py takes the module's settings"),
+        ("module/optimizer=adamw", "module/optimizer=adamw: eval.py takes the module's settings"),
         ("experiment=cpu_quick", "experiment=cpu_quick: eval.py takes no experiment (a train"),
         ("callbacks=none", "callbacks=none: eval.py takes no callbacks"),
         ("test=false", "test=false: eval.py takes no test"),

@@ -105,7 +105,7 @@ def _check_entry_keys(argv: list[str], parsed: list, config_dir: Path, name: str
     ours, entry = set(hydra.compose(name)), entry or f"{name}.py"
     groups = {p.name for p in config_dir.iterdir() if p.is_dir()} - {"hydra"}
     for arg, o in zip(argv, parsed, strict=True):
-        top = o.key_or_group.split(".")[0].split("@")[0]
+        top = re.split(r"[./@]", o.key_or_group)[0]  # model.x, module/optimizer, model@x
         if top not in ours and top in set(hydra.compose("train")) | groups:
             what = f"no {top} (a train.py setting)"
             if took := config.FROM_CHECKPOINT.get(top):
