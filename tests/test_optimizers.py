@@ -127,3 +127,13 @@ def test_a_class_swapped_under_its_settings_is_refused_before_anything_is_writte
         build_run(make_cfg(*overrides))
     assert str(e.value).startswith(f"invalid config value for {expected}")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_module_built_without_an_optimizer_says_so_when_asked_to_train():
+    # As rebuilt from a checkpoint older than the setting (eval needs none); Lightning would
+    # fit it with no optimizer at all, leaving the weights as they were.
+    from cifar_amp.module import ImageClassifier
+
+    net = {"_target_": "cifar_amp.models.small_cnn.SmallCNN", "width": 4, "hidden": 8}
+    with pytest.raises(UserError, match="module.optimizer is not set"):
+        ImageClassifier(net, 10).configure_optimizers()

@@ -27,8 +27,6 @@ def warmup_steps(total_steps: int, pct_start: float, three_phase: bool = False) 
 class Replanned:
     """A schedule over `total_steps` that a resume for another length re-plans from the step done."""
 
-    total_steps: int
-
     def load_state_dict(self, state_dict: dict) -> None:
         planned, done = state_dict["total_steps"], state_dict["last_epoch"]
         if planned == self.total_steps:
