@@ -45,8 +45,12 @@ def run_settings(cfg) -> dict:
 def trained_by(module) -> dict:
     """The optimizer's and the schedule's classes (None: no schedule), by config key, from the
     module's config or a checkpoint's hyper_parameters: their states fit no other class."""
-    nodes = {k: module[k] for k in ("optimizer", "scheduler") if k in module}
-    return {f"module.{k}._target_": getattr(v, "get", {}.get)("_target_") for k, v in nodes.items()}
+    if not module.get("optimizer"):  # a module never set to train (older, or built to test)
+        return {}
+    parts = ("optimizer", "scheduler")
+    return {
+        f"module.{k}._target_": getattr(module.get(k), "get", {}.get)("_target_") for k in parts
+    }
 
 
 class Checkpoint:
