@@ -69,7 +69,7 @@ def fit_two_ranks(make_cfg, out, callbacks) -> list[dict]:
     """One epoch of 11 batches per rank (180 images, batches of 8), 2 CPU ranks: what
     CountBroadcasts counted on each."""
     cfg = make_cfg(*TWO_RANKS, "data.batch_size=8", "callbacks=none", "test=false")
-    module = ImageClassifier(net=plain(cfg.model), num_classes=10)
+    module = ImageClassifier(net=plain(cfg.model), num_classes=10, optimizer=cfg.module.optimizer)
     trainer = build.trainer(cfg, callbacks=[*callbacks, CountBroadcasts(out)], loggers=[])
     trainer.fit(module, datamodule=build.datamodule(cfg))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
