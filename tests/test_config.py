@@ -113,3 +113,19 @@ def test_override_precheck_lets_valid_and_unparsable_commands_through(argv):
 
     config.register(CONFIGS)
     check_overrides(argv, CONFIGS, "train")  # no SystemExit
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_an_extra_deleted_while_another_needs_it_is_one_line_naming_that_extra(
+    tmp_path, monkeypatch, declared
+):
+    user = tmp_path / "extras" / "user"
+    (user / "configs" / "data").mkdir(parents=True)
+    (user / "__init__.py").write_text(f"NEEDS = {('gone',) if declared else ()}\n")
+    (conf := user / "configs" / "data" / "x.yaml").write_text(
+        "defaults:\n  - /schema/cifar_amp.extras.gone.module.Data@_here_\n"
+    )
+    monkeypatch.setattr(config, "EXTRAS", tmp_path / "extras")
+    who = "user need it: delete their folders" if declared else f"{conf} names it: delete that"
+    with pytest.raises(UserError, match=rf"^the gone extra is deleted \(.*\), but {who}"):
+        config.register(CONFIGS)

@@ -26,7 +26,8 @@ JOB_RUNNER = "job_runner"  # `hydra.callbacks.<this>`: the seams.JobRunner that 
 def main(task: Callable[[DictConfig], Any], name: str, schema=None, entry: str | None = None):
     """Check the command line, then run `task` under Hydra: configs/<name>.yaml, schema `schema`;
     `entry` is the command in messages (default `<name>.py`; `python -m` a module: its name)."""
-    config.register(CONFIGS, {name: schema} if schema else None)
+    with reported():  # an extra deleted while another still needs it: one line
+        config.register(CONFIGS, {name: schema} if schema else None)
     check_overrides(sys.argv[1:], CONFIGS, name, entry)
     hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=name)(job(task))()
 

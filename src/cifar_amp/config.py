@@ -1,7 +1,9 @@
 """Schemas from the constructors they configure: a typo or wrong type fails at composition."""
 
+import ast
 import collections
 import dataclasses
+import importlib
 import inspect
 import re
 import secrets
@@ -12,7 +14,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from hydra.utils import get_object
 from omegaconf import MISSING, OmegaConf
 
 from cifar_amp import metrics
@@ -126,6 +127,36 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
             group = "/".join(f.relative_to(root).parts[:-1])  # module/optimizer, else module's
             exclude = PASSED_BY_BUILD.get(group, PASSED_BY_BUILD.get(group.split("/")[0], ()))
             for path in SCHEMA_LINE.findall(f.read_text()):
-                cs.store(group="schema", name=path, node=schema(get_object(path), exclude, path))
+                cs.store(group="schema", name=path, node=schema(_target(path, f), exclude, path))
     OmegaConf.register_new_resolver("metric", metrics.resolve, replace=True)
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID, replace=True)
+
+
+def _target(path: str, named_in: Path) -> Any:
+    """The class at `path`, or one line if it imports an extra whose folder was deleted."""
+    module, _, name = path.rpartition(".")
+    try:  # not Hydra's get_object, which logs its own error before ours
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        prefix, _, rest = (e.name or "").partition(".extras.")
+        gone = rest.split(".")[0]
+        if prefix != __package__ or not gone or (EXTRAS / gone).is_dir():
+            raise
+        from cifar_amp.errors import UserError  # here: the Hydra plugin imports this module early
+
+        users = [p.parent.name for p in sorted(EXTRAS.glob("*/__init__.py")) if gone in _needs(p)]
+        who = f"{' and '.join(users)} need it: delete their folders too"
+        if not users:  # not declared: the config file that names it
+            who = f"{named_in} names it: delete that file too"
+        raise UserError(
+            f"the {gone} extra is deleted ({EXTRAS / gone} is gone), but {who}, or restore it "
+            "(docs/fork.md)"
+        ) from None
+
+
+def _needs(init: Path) -> tuple[str, ...]:
+    """An extra's `NEEDS` (the extras it uses), read from its __init__.py without importing it."""
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and "NEEDS" in [getattr(t, "id", "") for t in node.targets]:
+            return tuple(ast.literal_eval(node.value))
+    return ()
