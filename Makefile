@@ -40,8 +40,9 @@ test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 	$(PY) -m pytest -m gpu $(ARGS)
 
 # Every extra (a folder of src/cifar_amp/extras/, and bench/) comes off whole: a copy without
-# any passes the core's tests, a copy of the core and one extra its tests; each trains the
-# default recipe (ARGS: extras to check, default all).
+# any passes the core's tests, a copy of the core and one extra its tests; a copy without one
+# extra trains the default recipe and evaluates it, or stops in one line naming the extras that
+# need it (ARGS: extras to check, default all).
 test-extras: $(STAMP)
 	$(PY) .ci/extras.py $(ARGS)
 

@@ -1,20 +1,25 @@
 """Proof that every extra is a leaf. An extra is a folder, `src/<pkg>/extras/<name>/` (its
 code and configs) with its tests in `tests/extras/<name>/`; its `__init__.py` says what it adds
-(the docstring), which extras it uses (`NEEDS`) and any file of it outside those folders
-(`OUTSIDE`). `bench/` is the one extra at the top (its tests: bench/tests/). Two kinds of copy
-of the repository (its tracked files, minus the deleted ones):
+(the docstring), which extras it uses (`NEEDS`), any file of it outside those folders
+(`OUTSIDE`) and, for an extra the default run uses, what that run loses without it
+(`DEFAULT_RUN_LOSES`). `bench/` is the one extra at the top (its tests: bench/tests/). Three
+kinds of copy of the repository (its tracked files, minus the deleted ones):
 
 - the core alone (every extra deleted) passes every remaining default test, i.e. the core's;
-- the core and one extra (with the extras it needs, nothing else) passes that extra's tests.
+- the core and one extra (with the extras it needs, nothing else) passes that extra's tests,
+  and trains the default recipe for one epoch (tests/test_default_recipe.py);
+- every extra but one: the default recipe, shrunk to one epoch of a tiny folder, trains with
+  `python train.py` and `python eval.py` tests its checkpoint, or train.py stops at once with
+  one line (exit 2) naming the extras that need the deleted one.
 
-Each copy also trains the default recipe for one epoch (tests/test_default_recipe.py, in the
-core's tests and beside each extra's). With `make test` (everything present) this covers deleting
-any one extra or all of them: the core passes without any extra, and every other extra passes
-with none of the others. It costs one run of the tests, not one per extra; the copies run side by
-side, one per core.
+The copies run side by side, one per core.
 
-    python .ci/extras.py [name ...]      # default: the core alone, then each extra alone
-    python .ci/extras.py --docs          # rewrite docs/fork.md's table of extras from the tree
+    python .ci/extras.py [name ...]      # default: all three kinds; names: the last two for those
+    python .ci/extras.py --deleted [name ...]   # only the third kind (default: every extra)
+    python .ci/extras.py --docs          # rewrite the tables in docs/fork.md and the README
+
+Without `--docs`, a run with no names refuses docs that differ from the tree: the table of
+extras, and the list of those the default run uses (read from its composed config).
 
 A copy runs on this venv with PYTHONPATH=<copy>/src, so its own package is imported, not the
 checkout's.
@@ -23,6 +28,7 @@ checkout's.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import re
 import shutil
@@ -32,68 +38,145 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRAS = next((REPO / "src").glob("*/extras"))  # src/<pkg>/extras, whatever <pkg> is called
 DOCS = REPO / "docs" / "fork.md"
+README = REPO / "README.md"
 DEFAULT_RECIPE = "tests/test_default_recipe.py"  # a copy with an extra trains it too
 TABLE = re.compile(r"(<!-- extras: .*? -->\n).*?(<!-- end of extras -->)", re.S)
+IN_DEFAULT_RUN = re.compile(r"(<!-- default run: .*? -->\n).*?(<!-- end of default run -->)", re.S)
 
 
-def _declared(init: Path) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    """(docstring, NEEDS, OUTSIDE) of an extra's __init__.py, read without importing it."""
+class Extra(NamedTuple):
+    paths: list[str]  # what deleting it deletes
+    needs: list[str]  # the extras it uses
+    adds: str  # its docstring, on one line
+    default_run_loses: str  # what `python train.py` loses without it; "" if it does not use it
+
+
+def _declared(init: Path) -> dict:
+    """An extra's __init__.py: its docstring and constants, read without importing it."""
     tree = ast.parse(init.read_text())
     values = {
         t.id: ast.literal_eval(node.value)
         for node in tree.body
         if isinstance(node, ast.Assign)
         for t in node.targets
-        if isinstance(t, ast.Name) and t.id in ("NEEDS", "OUTSIDE")
+        if isinstance(t, ast.Name) and t.id in ("NEEDS", "OUTSIDE", "DEFAULT_RUN_LOSES")
     }
-    return ast.get_docstring(tree) or "", values.get("NEEDS", ()), values.get("OUTSIDE", ())
+    return {"doc": ast.get_docstring(tree) or ""} | values
 
 
-def extras() -> dict[str, tuple[list[str], list[str], str]]:
-    """name -> (its paths, names of the extras it needs, what it adds), from the tree."""
+def extras() -> dict[str, Extra]:
+    """name -> what the tree says of it."""
     found = {}
     for init in sorted(EXTRAS.glob("*/__init__.py")) + [REPO / "bench" / "__init__.py"]:
         if not init.is_file():
             continue
         name, folder = init.parent.name, init.parent.relative_to(REPO).as_posix()
-        doc, needs, outside = _declared(init)
+        said = _declared(init)
         tests = REPO / "tests" / "extras" / name
         paths = [
             folder,
             *([tests.relative_to(REPO).as_posix()] if tests.is_dir() else []),
-            *outside,
+            *said.get("OUTSIDE", ()),
         ]
-        found[name] = (paths, list(needs), " ".join(doc.split()))
-    unknown = {
-        n: sorted(set(e[1]) - set(found)) for n, e in found.items() if set(e[1]) - set(found)
-    }
-    if unknown:
+        loses = " ".join(said.get("DEFAULT_RUN_LOSES", "").split())
+        found[name] = Extra(
+            paths, list(said.get("NEEDS", ())), " ".join(said["doc"].split()), loses
+        )
+    unknown = {n: sorted(set(e.needs) - set(found)) for n, e in found.items()}
+    if unknown := {n: u for n, u in unknown.items() if u}:
         sys.exit(f"extras that need extras that are not here: {unknown}")
     return found
 
 
-def needed(name: str, table: dict) -> set[str]:
+def used_by_default_run() -> set[str]:
+    """The extras whose classes the default run's composed config names (`_target_`), Hydra's
+    own callbacks included: those that an `optional` default turns on."""
+    sys.path.insert(0, str(REPO / "src"))
+    package = EXTRAS.parent.name
+    config = importlib.import_module(f"{package}.config")
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    config.register(REPO / "configs")
+    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("train", return_hydra_config=True)
+    targets, todo = [], [OmegaConf.to_container(cfg, resolve=False)]
+    while todo:
+        node = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if key == "_target_" and isinstance(value, str):
+                targets.append(value)
+            elif isinstance(value, (dict, list)):
+                todo.append(value)
+    prefix = f"{package}.extras."
+    return {t.removeprefix(prefix).split(".")[0] for t in targets if t.startswith(prefix)}
+
+
+def check_default_run(table: dict[str, Extra]) -> None:
+    """Each extra the default run uses says what the run loses without it, and no other does."""
+    used = used_by_default_run()
+    if silent := sorted(n for n in used if not table[n].default_run_loses):
+        sys.exit(
+            f"the default run uses {', '.join(silent)}: say in each one's __init__.py what "
+            "it loses without it (DEFAULT_RUN_LOSES)"
+        )
+    if stale := sorted(n for n, e in table.items() if e.default_run_loses and n not in used):
+        sys.exit(f"{', '.join(stale)}: DEFAULT_RUN_LOSES, but the default run does not use it")
+
+
+def needed(name: str, table: dict[str, Extra]) -> set[str]:
     """The extra and every extra it needs, transitively (they come with it)."""
     out, todo = set(), [name]
     while todo:
         if (n := todo.pop()) not in out:
             out.add(n)
-            todo += table[n][1]
+            todo += table[n].needs
     return out
 
 
-def docs(table: dict) -> str:
+def docs(table: dict[str, Extra]) -> str:
     """docs/fork.md's table, written from the tree."""
-    rows = ["| extra | what it adds | needs | delete these to drop it |", "|---|---|---|---|"]
-    for name, (paths, needs, what) in table.items():
-        what = re.sub(rf"^The {name} extra: ", "", what).replace("|", "\\|")
-        need = " ".join(f"**{n}**" for n in needs)
-        rows.append(f"| **{name}** | {what} | {need} | {' '.join(f'`{p}`' for p in paths)} |")
+    rows = [
+        "| extra | what it adds | needs | on in the default run: a run without it loses "
+        "| delete these to drop it |",
+        "|---|---|---|---|---|",
+    ]
+    for name, e in table.items():
+        what = re.sub(rf"^The {name} extra: ", "", e.adds).replace("|", "\\|")
+        need = " ".join(f"**{n}**" for n in e.needs)
+        paths = " ".join(f"`{p}`" for p in e.paths)
+        rows.append(f"| **{name}** | {what} | {need} | {e.default_run_loses} | {paths} |")
     return "\n".join(rows) + "\n"
+
+
+def default_run_docs(table: dict[str, Extra]) -> str:
+    """The README's list of the extras the default run uses, written from the tree."""
+    used = [(n, e) for n, e in table.items() if e.default_run_loses]
+    return (
+        f"The default run uses {len(used)} extras, each turned on by an `optional` default in "
+        "`configs/`; delete one and the run goes on without it, losing what it adds:\n\n"
+        + "".join(f"- **{n}**: a run without it loses {e.default_run_loses}.\n" for n, e in used)
+    )
+
+
+def written(table: dict[str, Extra]) -> dict[Path, tuple[str, str]]:
+    """file -> (its text, its text with the tables written from the tree)."""
+    out = {}
+    for path, block, text in (
+        (DOCS, TABLE, docs(table)),
+        (README, IN_DEFAULT_RUN, default_run_docs(table)),
+    ):
+        old = path.read_text()
+        if not block.search(old):
+            sys.exit(f"no '<!-- ... -->' block for {block.pattern[3:20]}... in {path}")
+        out[path] = (old, block.sub(lambda m, t=text: m[1] + t + m[2], old))
+    return out
 
 
 def copy_without(paths: list[str], dest: Path) -> None:
@@ -113,6 +196,11 @@ def copy_without(paths: list[str], dest: Path) -> None:
         sys.exit(f"extras name paths that do not exist: {', '.join(missing)}")
 
 
+def _result(label: str, ok: bool, summary: str, start: float, log: str = "") -> tuple[bool, str]:
+    out = f"{'ok  ' if ok else 'FAIL'} {label}: {summary} ({time.perf_counter() - start:.0f} s)"
+    return ok, out + ("" if ok else "\n" + log[-4000:])
+
+
 def check(label: str, paths: list[str], tests: list[str]) -> tuple[bool, str]:
     """`tests`: the test files and folders to run in the copy (none: the whole default run),
     in one process: a copy's few tests pay less for one import of torch and Lightning than for
@@ -130,49 +218,92 @@ def check(label: str, paths: list[str], tests: list[str]) -> tuple[bool, str]:
             text=True,
         )
     summary = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
-    out = f"{'ok  ' if run.returncode == 0 else 'FAIL'} {label}: {summary} ({time.perf_counter() - start:.0f} s)"
-    if run.returncode:
-        out += "\n" + (run.stdout + run.stderr)[-4000:]
-    return run.returncode == 0, out
+    return _result(label, run.returncode == 0, summary, start, run.stdout + run.stderr)
+
+
+def check_deleted(name: str, table: dict[str, Extra], data: Path) -> tuple[bool, str]:
+    """A copy without `name` alone: train.py trains the default recipe (one epoch of the tiny
+    folder `data`) and eval.py tests its last checkpoint, or train.py stops at once with one
+    line, exit 2, naming every extra of the package that needs `name`."""
+    users = [n for n, e in table.items() if name in e.needs and e.paths[0].startswith("src/")]
+    label = f"every extra but {name}"
+    with tempfile.TemporaryDirectory(prefix="extras-") as tmp:
+        copy, runs = Path(tmp) / "repo", Path(tmp) / "runs"
+        copy_without(table[name].paths, copy)
+        start, log = time.perf_counter(), ""
+        data_args = [f"data.data_dir={data}", "data.download=false"]
+        for cmd, args in (
+            ("train.py", [*data_args, "trainer.max_epochs=1"]),
+            ("eval.py", [*data_args, f"ckpt_path={runs / 'train' / 'checkpoints' / 'last.ckpt'}"]),
+        ):
+            run = subprocess.run(
+                [sys.executable, cmd, *args, "trainer.enable_progress_bar=false"]
+                + [f"hydra.run.dir={runs / cmd.removesuffix('.py')}"],
+                cwd=copy,
+                env={**os.environ, "PYTHONPATH": str(copy / "src")},
+                capture_output=True,
+                text=True,
+            )
+            log += f"$ python {cmd} ...: exit {run.returncode}\n{run.stdout}{run.stderr}"
+            said = run.stderr.strip().splitlines()
+            if cmd == "train.py" and run.returncode == 2 and len(said) == 1 and users:
+                named = said[0].startswith("error: ") and all(u in said[0] for u in users)
+                return _result(
+                    label, named, f"train.py refused it in one line: {said[0]}", start, log
+                )
+            wrote = (runs / cmd.removesuffix(".py") / "metrics.json").is_file()
+            if run.returncode or not wrote:
+                return _result(label, False, f"{cmd} failed", start, log)
+    return _result(label, True, "train.py trained the default recipe, eval.py tested it", start)
+
+
+def tiny_data(root: Path) -> Path:
+    """A tiny CIFAR-10 folder, written by the tests' own helper (nothing is downloaded)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    return importlib.import_module("cifar_folder").write_cifar_folder(root)
 
 
 def main(argv: list[str]) -> int:
     table = extras()
-    text = DOCS.read_text()
-    if not TABLE.search(text):
-        sys.exit(f"no '<!-- extras: ... -->' block in {DOCS}")
-    written = TABLE.sub(lambda m: m[1] + docs(table) + m[2], text)
     if argv == ["--docs"]:
-        DOCS.write_text(written)
+        check_default_run(table)
+        for path, (_, new) in written(table).items():
+            path.write_text(new)
         return 0
-    if not argv and written != text:  # CI's run: the table must say what the folders say
-        sys.exit(
-            f"{DOCS.relative_to(REPO)}'s table of extras is stale: python .ci/extras.py --docs"
-        )
-    argv = [n.replace("-", "_") for n in argv]
-    unknown = [n for n in argv if n not in table]
-    if unknown:
+    deleted_only = argv[:1] == ["--deleted"]
+    names = [n.replace("-", "_") for n in argv[deleted_only:]]
+    if not argv:  # CI's run: the docs must say what the folders and the default run say
+        check_default_run(table)
+        if stale := [p.relative_to(REPO) for p, (old, new) in written(table).items() if old != new]:
+            sys.exit(
+                f"{', '.join(map(str, stale))}: the extras' tables are stale: "
+                "python .ci/extras.py --docs"
+            )
+    if unknown := [n for n in names if n not in table]:
         print(
             f"error: not an extra: {', '.join(unknown)}; extras: {', '.join(table)}",
             file=sys.stderr,
         )
         return 2
-    every = [p for paths, _, _ in table.values() for p in paths]
-    checks = [] if argv else [("the core alone (no extras)", every, [])]
-    for name in argv or table:
+    every = [p for e in table.values() for p in e.paths]
+    checks = [] if names or deleted_only else [("the core alone (no extras)", every, [])]
+    for name in [] if deleted_only else names or table:
         kept = needed(name, table)
         label = " + ".join(["the core", name, *sorted(kept - {name})])
-        gone = [p for n, (paths, _, _) in table.items() if n not in kept for p in paths]
-        tests = [p for p in table[name][0] if p.startswith("tests/") or p == "bench"]
+        gone = [p for n, e in table.items() if n not in kept for p in e.paths]
+        tests = [p for p in table[name].paths if p.startswith("tests/") or p == "bench"]
         tests = [f"{p}/tests" if p == "bench" else p for p in tests]
         if not tests:
             sys.exit(f"the extra {name} has no tests of its own (tests/extras/{name}/)")
-        checks.append((label, gone, tests))
-    with ThreadPoolExecutor(os.cpu_count()) as pool:  # the core's (the longest) first
-        results = []
-        for ok, out in pool.map(lambda c: check(*c), checks):
-            print(out, flush=True)
-            results.append(ok)
+        checks.append((check, label, gone, tests))
+    with tempfile.TemporaryDirectory(prefix="extras-data-") as tmp:
+        data = tiny_data(Path(tmp))
+        checks += [(check_deleted, name, table, data) for name in names or table]
+        with ThreadPoolExecutor(os.cpu_count()) as pool:  # the core's (the longest) first
+            results = []
+            for ok, out in pool.map(lambda c: c[0](*c[1:]), checks):
+                print(out, flush=True)
+                results.append(ok)
     return 0 if all(results) else 1
 
 

@@ -6,3 +6,8 @@ bfloat16 on a GPU without it, 16-mixed under Lightning's DeepSpeed, a negative c
 accumulation."""
 
 NEEDS = ()  # the extras it uses (docs/fork.md); none: it stands alone
+# What `python train.py` loses without it, an extra the default run uses (docs/fork.md).
+DEFAULT_RUN_LOSES = (
+    "the one-line refusals of trainer settings that would not do what was asked: "
+    "Lightning runs them as given, or refuses them itself"
+)

@@ -4,3 +4,8 @@ with a summary naming the failed jobs, exit 2. Without it, a sweep stops at its 
 job; DDP jobs in a sweep need it."""
 
 NEEDS = ()  # the extras it uses (docs/fork.md); none: it stands alone
+# What `python train.py` loses without it, an extra the default run uses (docs/fork.md).
+DEFAULT_RUN_LOSES = (
+    "nothing in a single run; in a `-m` sweep the first failed job stops the sweep, and "
+    "DDP jobs in a sweep do not work"
+)
