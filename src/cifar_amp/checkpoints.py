@@ -15,7 +15,7 @@ from cifar_amp.module import ImageClassifier
 SETTINGS = "run_settings"  # the top-level key the core adds (a tracker's run: extras/tracking)
 
 
-def few(items: list[str], n: int = 3) -> str:
+def first_few(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
@@ -28,7 +28,7 @@ def mismatch(saved: dict, ours: dict) -> list[str]:
         "not in this model": sorted(set(saved) - set(ours)),
         "shapes (checkpoint vs model)": bad,
     }
-    return [f"{what}: {few(keys)}" for what, keys in found.items() if keys]
+    return [f"{what}: {first_few(keys)}" for what, keys in found.items() if keys]
 
 
 def run_settings(cfg) -> dict:
