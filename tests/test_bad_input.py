@@ -194,7 +194,7 @@ def test_cli_full_traceback_on_request(tmp_path, tiny_data):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-# How pyproject.toml's lines read in the installed project's metadata (errors.declared).
+# How pyproject.toml's lines read in the installed project's metadata (errors.pip_commands).
 REQUIRES = [
     "rich>=13",
     'optuna<6,>=4; extra == "sweeps"',
@@ -229,11 +229,11 @@ SWEEPS, TRACKERS = "pip install -e '.[sweeps]'", "pip install -e '.[trackers]'"
 )
 def test_a_missing_package_is_named_with_the_pip_command_of_its_extra(monkeypatch, error, expected):
     monkeypatch.setattr(errors.importlib.metadata, "requires", lambda name: REQUIRES)
-    errors.declared.cache_clear()
+    errors.pip_commands.cache_clear()
     try:
         found = errors.missing_package(error)
     finally:
-        errors.declared.cache_clear()
+        errors.pip_commands.cache_clear()
     if expected is not None:
         name, how = expected.split(", ")
         expected = f"{name}, which is not installed here: {how}"
@@ -249,4 +249,4 @@ def test_a_callback_whose_package_is_missing_is_one_line_naming_it(make_cfg, mon
         build.callbacks(make_cfg("callbacks=[default,rich]"))
     msg = str(e.value)
     assert msg.startswith("callbacks.progress_bar needs rich, which is not installed here: ")
-    assert msg.endswith(errors.declared()["rich"]) and "\n" not in msg
+    assert msg.endswith(errors.pip_commands()["rich"]) and "\n" not in msg

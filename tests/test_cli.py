@@ -245,7 +245,9 @@ def test_an_option_on_a_hydra_plugin_that_is_not_installed_is_one_line(
     # As hydra/launcher=slurm builds on submitit_slurm: Hydra says "Could not load
     # 'hydra/launcher/submitit_slurm'" with its search path, 8 lines, exit 1.
     configs = plugin_configs(tmp_path, "defaults:\n  - cluster_plugin\n")
-    monkeypatch.setattr(cli, "declared", lambda: {"hydra-cluster": "pip install -e '.[cluster]'"})
+    monkeypatch.setattr(
+        cli, "pip_commands", lambda: {"hydra-cluster": "pip install -e '.[cluster]'"}
+    )
     with pytest.raises(SystemExit) as e:
         cli.check_overrides(["-m", "hydra/launcher=cluster", "x=2,3"], configs, "train")
     assert e.value.code == 2 and capsys.readouterr().err == (
@@ -259,7 +261,9 @@ def test_a_sweeps_launcher_whose_package_is_not_installed_is_one_line(
 ):
     # Hydra: "Unknown plugin class" in a traceback when the sweep starts.
     configs = plugin_configs(tmp_path, "_target_: cluster_launcher.launcher.Launcher\n")
-    monkeypatch.setattr(errors, "declared", lambda: {"cluster-launcher": "pip install -e '.[c]'"})
+    monkeypatch.setattr(
+        errors, "pip_commands", lambda: {"cluster-launcher": "pip install -e '.[c]'"}
+    )
     cli.check_overrides(["hydra/launcher=cluster", "x=2"], configs, "train")  # one run: no launcher
     assert capsys.readouterr().err == ""
     with pytest.raises(SystemExit) as e:
@@ -273,17 +277,17 @@ def test_a_sweeps_launcher_whose_package_is_not_installed_is_one_line(
 def test_run_from_a_checkout_without_installing_it_the_pip_hints_come_from_pyproject(monkeypatch):
     # PYTHONPATH=src: no distribution's metadata to read the hints from, so a missing package
     # of an option was a traceback.
-    errors.declared.cache_clear()
-    installed = errors.declared()
+    errors.pip_commands.cache_clear()
+    installed = errors.pip_commands()
     monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {})
-    errors.declared.cache_clear()
+    errors.pip_commands.cache_clear()
     try:
-        checkout = errors.declared()
+        checkout = errors.pip_commands()
         assert errors.missing_package(ImportError(name="mlflow")) == (
             "mlflow, which is not installed here: pip install -e '.[trackers]'"
         )
     finally:
-        errors.declared.cache_clear()
+        errors.pip_commands.cache_clear()
     assert checkout.keys() == installed.keys() and "cifar-amp" not in checkout
     extras = {k: v for k, v in installed.items() if " -e " in v}  # a group's: no version to order
     assert extras == {k: v for k, v in checkout.items() if " -e " in v} and extras

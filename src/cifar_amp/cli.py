@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, ValidationError
 
 from cifar_amp import config, seams
-from cifar_amp.errors import declared, fail, missing_package, reported
+from cifar_amp.errors import fail, missing_package, pip_commands, reported
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 JOB_RUNNER = "job_runner"  # `hydra.callbacks.<this>`: the seams.JobRunner that runs each job
@@ -124,7 +124,9 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
             fail(f"{group}={choice} is not an option; valid: {', '.join(valid)}")
         if chosen and group.startswith("hydra/"):  # the option builds on a Hydra plugin's config
             have = {d.name.lower().replace("_", "-") for d in importlib.metadata.distributions()}
-            absent = [f"{n}, which is not installed here: {how}" for n, how in declared().items()]
+            absent = [
+                f"{n}, which is not installed here: {how}" for n, how in pip_commands().items()
+            ]
             why = [a for a in absent if a.startswith("hydra-") and a.split(",")[0] not in have]
             why = "; ".join(why) or "no installed package provides it"
             fail(f"{chosen} needs {group}/{choice}, a config of a Hydra plugin: {why}")

@@ -43,7 +43,7 @@ def fail(msg: str) -> None:
 
 
 @functools.cache
-def declared() -> dict[str, str]:
+def pip_commands() -> dict[str, str]:
     """pyproject.toml's packages by normalised name -> pip command (found by a fork's name too):
     the installed distribution's requirements, or a checkout's pyproject.toml (PYTHONPATH=src)."""
     out, dists = {}, importlib.metadata.packages_distributions().get(__name__.split(".")[0])
@@ -75,8 +75,8 @@ def missing_package(e: BaseException) -> str | None:
     if isinstance(e, ImportError):
         names = e.name.split(".") if e.name else re.findall(r"[`']([A-Za-z][\w-]*)", str(e))
         for key in (n.lower().replace("_", "-") for n in names):
-            if key in declared():
-                return f"{key}, which is not installed here: {declared()[key]}"
+            if key in pip_commands():
+                return f"{key}, which is not installed here: {pip_commands()[key]}"
     return None
 
 
