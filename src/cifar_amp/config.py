@@ -20,9 +20,9 @@ from cifar_amp import metrics
 
 EXTRAS = Path(__file__).parent / "extras"  # an extra is a folder there (docs/fork.md)
 RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
-# By config group: the arguments that build.py passes, which other parts decide (not settings);
-# the module passes its optimizer's and schedule's (the run's length and position among them).
-PASSED_BY_BUILD = {
+# By config group, the constructor arguments that are not settings: other parts decide them and
+# pass them (build.py; the module, an optimizer's and schedule's), so the schemas leave them out.
+NOT_SETTINGS = {
     "model": ("num_classes",),
     "data": ("channels_last",),
     "module": ("net", "num_classes", "channels_last"),
@@ -125,7 +125,7 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
     for root in (Path(config_dir), *sorted(EXTRAS.glob("*/configs"))):
         for f in sorted(root.rglob("*.yaml")):
             group = "/".join(f.relative_to(root).parts[:-1])  # module/optimizer, else module's
-            exclude = PASSED_BY_BUILD.get(group, PASSED_BY_BUILD.get(group.split("/")[0], ()))
+            exclude = NOT_SETTINGS.get(group, NOT_SETTINGS.get(group.split("/")[0], ()))
             for path in SCHEMA_LINE.findall(f.read_text()):
                 cs.store(group="schema", name=path, node=schema(_target(path, f), exclude, path))
     OmegaConf.register_new_resolver("metric", metrics.resolve, replace=True)
