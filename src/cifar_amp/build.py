@@ -83,7 +83,7 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
     # Lightning's sharded plugins do not clip a fused optimizer's gradients (ours do).
     if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
         strategy = overrides.get("strategy", t.strategy)
-        if isinstance(strategy, seams.Float16Plugin):
+        if isinstance(strategy, seams.StrategyWithFloat16Plugin):
             raise UserError(
                 f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
                 f"precision={prec.name} with {type(strategy).__name__}: Lightning does not clip a "

@@ -51,7 +51,7 @@ class Precision:
         if accelerator == "gpu":
             accelerator = _AcceleratorConnector._choose_gpu_accelerator_backend()
         device = accelerator if accelerator in ("cpu", "mps") else "cuda"
-        if isinstance(strategy, seams.Float16Plugin):
+        if isinstance(strategy, seams.StrategyWithFloat16Plugin):
             if self.name != "16-mixed":
                 return {"precision": self.name}
             return {"plugins": [strategy.float16_plugin(self.scaler, device)]}

@@ -49,7 +49,7 @@ class FollowsCheckpoint(ABC):
     def adopt(self, recorded: str | None) -> None: ...
 
 
-class Float16Plugin(ABC):
+class StrategyWithFloat16Plugin(ABC):
     """Strategy that takes only its own plugins: under 16-mixed, one of `precision.scaler`.
     Implemented by: extras/sharding (FSDPStrategy, DeepSpeedStrategy)."""
 

@@ -3,12 +3,11 @@
 Lightning's sharding strategies take only their own precision plugins, which they make from the
 Trainer's precision name: under `precision=16-mixed` they would drop `precision.scaler` (Lightning
 refuses the core's plugin under its FSDP; the core refuses it under its DeepSpeed). These
-subclasses make their own 16-mixed plugin from `precision.scaler`, and the core builds the Trainer
-with it (seams.Float16Plugin): FSDP's with a ShardedGradScaler of the same settings, DeepSpeed's
-with its own loss scaler set from them. Its configs/trainer/fsdp.yaml and
-deepspeed.yaml name them;
-nothing in the core imports this module. The other modes' plugins are Lightning's, made from the
-name.
+subclasses make their own 16-mixed plugin from `precision.scaler`, and the core builds the
+Trainer with it (seams.StrategyWithFloat16Plugin): FSDP's with a ShardedGradScaler of the same
+settings, DeepSpeed's with its own loss scaler set from them. Its configs/trainer/fsdp.yaml and
+deepspeed.yaml name them; nothing in the core imports this module. The other modes' plugins are
+Lightning's, made from the name.
 """
 
 import inspect
@@ -20,7 +19,7 @@ from torch.amp import GradScaler
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from cifar_amp.errors import UserError
-from cifar_amp.seams import Float16Plugin
+from cifar_amp.seams import StrategyWithFloat16Plugin
 
 
 def scaler_settings(scaler: dict) -> dict:
@@ -29,7 +28,7 @@ def scaler_settings(scaler: dict) -> dict:
     return {k: p.default for k, p in taken if k != "device"} | scaler
 
 
-class FSDPStrategy(strategies.FSDPStrategy, Float16Plugin):
+class FSDPStrategy(strategies.FSDPStrategy, StrategyWithFloat16Plugin):
     """Lightning's FSDP; under `precision=16-mixed`, FSDPPrecision with a ShardedGradScaler of the
     `precision.scaler` settings (FSDP then also gathers parameters and reduces gradients in
     float16)."""
@@ -42,7 +41,7 @@ class FSDPStrategy(strategies.FSDPStrategy, Float16Plugin):
         return plugin
 
 
-class DeepSpeedStrategy(strategies.DeepSpeedStrategy, Float16Plugin):
+class DeepSpeedStrategy(strategies.DeepSpeedStrategy, StrategyWithFloat16Plugin):
     """Lightning's DeepSpeed; under `precision=16-mixed`, DeepSpeed's own float16 engine and loss
     scaler, set from `precision.scaler` (deepspeed_loss_scaler)."""
 
