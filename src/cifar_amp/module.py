@@ -12,9 +12,9 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from cifar_amp import compiling, config, metrics, seams
-from cifar_amp import tta as TTA
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 from cifar_amp.overhead import HookNameFastPath
+from cifar_amp.tta import TTA_MODES, tta_logits
 
 
 class ImageClassifier(HookNameFastPath):
@@ -36,7 +36,7 @@ class ImageClassifier(HookNameFastPath):
         tta_shift: int = 1,  # pixels, for flip_shift (tta.py)
         tta_val: bool = False,
     ) -> None:
-        choices = {"tta": (tta, TTA.MODES), "compile_mode": (compile_mode, compiling.MODES)}
+        choices = {"tta": (tta, TTA_MODES), "compile_mode": (compile_mode, compiling.MODES)}
         for arg, (value, valid) in choices.items():
             if value not in valid:
                 raise InvalidArgument(arg, repr(value), f"valid: {', '.join(valid)}")
@@ -86,7 +86,7 @@ class ImageClassifier(HookNameFastPath):
     def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         (x, y), hp = batch, self.hparams
         tta = hp.tta if stage == "test" or (stage == "val" and hp.tta_val) else "none"
-        logits = TTA.predict(self, x, tta, hp.tta_shift)
+        logits = tta_logits(self, x, tta, hp.tta_shift)
         smoothing = hp.label_smoothing if stage == "train" else 0.0
         loss = nn.functional.cross_entropy(logits, y, label_smoothing=smoothing)
         # The metrics take these once an epoch or checkpoint: an update per step made about 200
@@ -168,7 +168,7 @@ class ImageClassifier(HookNameFastPath):
     def predict_step(self, batch, batch_idx: int) -> Tensor:
         # Class probabilities, float32, with test's TTA; a batch, or a tuple whose first item is one
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return TTA.predict(self, x, self.hparams.tta, self.hparams.tta_shift).float().softmax(-1)
+        return tta_logits(self, x, self.hparams.tta, self.hparams.tta_shift).float().softmax(-1)
 
     def configure_optimizers(self):
         if not self.hparams.optimizer:  # e.g. rebuilt from a checkpoint older than the setting

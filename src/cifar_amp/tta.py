@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-MODES = ("none", "flip", "flip_shift")
+TTA_MODES = ("none", "flip", "flip_shift")
 Net = Callable[[Tensor], Tensor]
 
 
@@ -16,7 +16,7 @@ def _flip_mean(net: Net, x: Tensor) -> Tensor:
     return net(torch.cat([x, x.flip(-1)])).unflatten(0, (2, -1)).mean(0)
 
 
-def predict(net: Net, x: Tensor, mode: str = "none", shift: int = 1) -> Tensor:
+def tta_logits(net: Net, x: Tensor, mode: str = "none", shift: int = 1) -> Tensor:
     """Logits of `net` on `x` (N, C, H, W) averaged over the views of `mode` (see above)."""
     if mode == "none":
         return net(x)

@@ -113,9 +113,11 @@ def test_tta_averages_the_views_it_claims():
     xp = F.pad(x, (1, 1, 1, 1), mode="reflect")
     a, b = xp[:, :, 0:8, 0:8], xp[:, :, 2:10, 2:10]  # shifted by (-1, -1) and (+1, +1)
     f = lambda v: net(v) + net(v.flip(-1))  # noqa: E731
-    torch.testing.assert_close(tta.predict(net, x, "none"), net(x))
-    torch.testing.assert_close(tta.predict(net, x, "flip"), f(x) / 2)
-    torch.testing.assert_close(tta.predict(net, x, "flip_shift", 1), f(x) / 4 + (f(a) + f(b)) / 8)
+    torch.testing.assert_close(tta.tta_logits(net, x, "none"), net(x))
+    torch.testing.assert_close(tta.tta_logits(net, x, "flip"), f(x) / 2)
+    torch.testing.assert_close(
+        tta.tta_logits(net, x, "flip_shift", 1), f(x) / 4 + (f(a) + f(b)) / 8
+    )
 
 
 def test_module_tests_with_tta_and_validates_without_unless_asked():

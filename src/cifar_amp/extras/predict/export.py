@@ -16,10 +16,10 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from cifar_amp import tta as TTA
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.extras.predict.prediction import data_meta, normaliser, read
+from cifar_amp.tta import tta_logits
 
 log = logging.getLogger("cifar_amp.extras.predict.export")  # not "__main__" under python -m
 
@@ -55,7 +55,7 @@ class EvalNet(nn.Module):
         self.net, self.tta, self.tta_shift = net, tta, tta_shift
 
     def forward(self, images: Tensor) -> Tensor:
-        return TTA.predict(self.net, images, self.tta, self.tta_shift)
+        return tta_logits(self.net, images, self.tta, self.tta_shift)
 
 
 def export(cfg: DictConfig) -> dict[str, Any]:
