@@ -210,7 +210,7 @@ def compare(args, work: Path, data_dir: Path | None = None) -> dict:
         "widths": args.widths if args.model == "speednet" else None,
         "batch_size": batch,
         "precision": args.precision,
-        "channels_last": run.precision.layout,
+        "channels_last": run.precision.channels_last,
         "fused": args.fused,
         "compile": args.compile and args.compile_mode,
         "clock": "process CPU time, one thread" if args.cpu_time else "wall time",

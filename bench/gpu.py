@@ -354,8 +354,8 @@ def plain_steps(cfg, sizes: Sizes, datamodules: dict) -> dict:
         return {"skipped": str(e)}
     device = trainer.strategy.root_device
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    dm = datamodule(cfg, prec.layout, trainer, datamodules)
-    module = build.module(cfg, dm.num_classes, prec.layout)
+    dm = datamodule(cfg, prec.channels_last, trainer, datamodules)
+    module = build.module(cfg, dm.num_classes, prec.channels_last)
     net = module.net.to(device)
     optimizer = instantiate(module.hparams.optimizer, params=net.parameters())
     steps = sizes.warmup + sizes.timed
@@ -478,8 +478,8 @@ def auto_section(ctx: Context, keep) -> dict:
     prec = build.precision(cfg)
     trainer = build.trainer(cfg, prec)
     dev = trainer.strategy.root_device
-    dm = datamodule(cfg, prec.layout, trainer, {})
-    module = build.module(cfg, dm.num_classes, prec.layout)
+    dm = datamodule(cfg, prec.channels_last, trainer, {})
+    module = build.module(cfg, dm.num_classes, prec.channels_last)
     names = A.candidates(dev.type, *A.capabilities(dev))
     batch = next(iter(dm.train_dataloader()))  # as the probe takes it in a run
     start = time.perf_counter()
@@ -496,7 +496,7 @@ def auto_section(ctx: Context, keep) -> dict:
         "chosen": A.choose(found),
         "seconds": seconds,
         "budget": prec.probe_seconds,
-        "channels_last": prec.layout,
+        "channels_last": prec.channels_last,
     }
 
 
@@ -697,7 +697,7 @@ def run(args, out: Path) -> dict:
     from cifar_amp.precision import Precision
 
     for mode in ("32-true", "16-mixed", "bf16-mixed"):
-        data["defaults"][mode] = Precision(mode).channels_last(device)
+        data["defaults"][mode] = Precision(mode).channels_last_on(device)
 
     def save(data: dict) -> None:
         data["seconds"] = time.perf_counter() - start

@@ -166,7 +166,7 @@ def parts(cfg: DictConfig, callbacks: list, datamodules: dict | None = None):
     `datamodules`: loaded ones by layout, reused (at this batch size) by cases in one process."""
     prec = build.precision(cfg)
     trainer = build.trainer(cfg, prec, callbacks)
-    layout = prec.layout
+    layout = prec.channels_last
     cached = {} if datamodules is None else datamodules
     if layout not in cached:
         cached[layout] = build.datamodule(cfg, channels_last=layout)

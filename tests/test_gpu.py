@@ -63,8 +63,8 @@ def fit(cfg, *callbacks):
     L.seed_everything(cfg.seed)
     prec = build.precision(cfg)
     trainer = build.trainer(cfg, prec, callbacks, enable_checkpointing=False)
-    dm = build.datamodule(cfg, channels_last=prec.layout)
-    module = build.module(cfg, dm.num_classes, channels_last=prec.layout)
+    dm = build.datamodule(cfg, channels_last=prec.channels_last)
+    module = build.module(cfg, dm.num_classes, channels_last=prec.channels_last)
     trainer.fit(module, datamodule=dm)
     return trainer, module, prec
 

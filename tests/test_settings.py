@@ -84,9 +84,9 @@ def test_precision_settings_are_typed(make_cfg, override):
     ],
 )
 def test_channels_last_follows_the_precision_unless_set(name, tf32, device, expected):
-    assert Precision(name, tf32=tf32).channels_last(device) is expected
+    assert Precision(name, tf32=tf32).channels_last_on(device) is expected
     flipped = Precision(name, channels_last=not expected, tf32=tf32)
-    assert flipped.channels_last(device) is (not expected)
+    assert flipped.channels_last_on(device) is (not expected)
 
 
 def precision_lines(caplog) -> list[str]:
@@ -196,4 +196,4 @@ def test_the_device_comes_from_the_accelerator_so_mps_stays_mps(monkeypatch):
         assert plugin.device == "mps", accelerator
     mps = SimpleNamespace(root_device=torch.device("mps"))
     prec.setup(SimpleNamespace(strategy=mps, precision_plugin=plugin))
-    assert prec.layout is False
+    assert prec.channels_last is False

@@ -263,7 +263,7 @@ def test_channels_last_reaches_weights_and_batches(make_cfg):
     cfg = make_cfg("precision.channels_last=true", "trainer.fast_dev_run=true")
     prec = build.precision(cfg)
     build.trainer(cfg, prec)  # the layout is decided once the Trainer has chosen its device
-    layout = prec.layout
+    layout = prec.channels_last
     assert layout is True
     dm = build.datamodule(cfg, channels_last=layout)
     dm.setup()

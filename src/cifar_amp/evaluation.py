@@ -19,8 +19,8 @@ def evaluate(cfg: DictConfig) -> dict:
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
     prec = build.precision(cfg, ckpt)  # auto: the mode the checkpoint trained in
     trainer = build.trainer(cfg, prec, loggers=build.loggers(cfg).values())
-    dm = build.datamodule(cfg, prec.layout)
-    module = ckpt.module(channels_last=prec.layout)
+    dm = build.datamodule(cfg, prec.channels_last)
+    module = ckpt.module(channels_last=prec.channels_last)
     ckpt.check_fits(module, dm.num_classes)
     runs.save_config(cfg)
     trainer.test(module, datamodule=dm)

@@ -23,13 +23,13 @@ class Precision:
         name: str = "32-true",  # Lightning's; 16-mixed is float16 + GradScaler on CPU too
         # torch.amp.GradScaler's arguments (defaults: torch's); 16-mixed only
         scaler: Annotated[Optional[dict], Nested(torch.amp.GradScaler, ("device",))] = None,
-        channels_last: Optional[bool] = None,  # NHWC network and batches; null: see channels_last
+        channels_last: Optional[bool] = None,  # NHWC network and batches; null: channels_last_on
         tf32: bool = True,  # float32 convolutions and matmuls on TF32 cores; false: strict IEEE
     ) -> None:
         if name not in NAMES:
             raise InvalidArgument("name", repr(name), f"valid: {', '.join(NAMES)}")
-        self.name, self.tf32, self._channels_last = name, tf32, channels_last
-        self.layout: bool | None = None  # channels_last or not: decided by setup()
+        self.name, self.tf32, self.channels_last_setting = name, tf32, channels_last
+        self.channels_last: bool | None = None  # on the Trainer's device: decided by setup()
         self.scaler = s = dict(scaler or {})  # what it leaves out is torch's default
         for key, ok, rule in (
             ("init_scale", lambda v: v > 0, "must be > 0"),
@@ -61,11 +61,11 @@ class Precision:
     def autocasts(self) -> bool:  # whether steps autocast (under our plugin, unless sharded)
         return self.name in ("16-mixed", "bf16-mixed")
 
-    def channels_last(self, device: str) -> bool:
+    def channels_last_on(self, device: str) -> bool:
         """Unless set, the faster layout: on CUDA with tensor cores (32-true+TF32: 1.57x NCHW's
         speed, H100, ResNet-18 batch 512; strict fp32: 1.4% slower); on CPU all but float16."""
-        if self._channels_last is not None:
-            return self._channels_last
+        if self.channels_last_setting is not None:
+            return self.channels_last_setting
         if device == "cpu":
             return not self.name.startswith("16")
         return device == "cuda" and ("16" in self.name or (self.name == "32-true" and self.tf32))
@@ -78,9 +78,9 @@ class Precision:
         device = trainer.strategy.root_device
         if device.type == "cuda":  # process-wide switches that only CUDA reads
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.tf32
-        self.layout = self.channels_last(device.type)
+        self.channels_last = self.channels_last_on(device.type)
         tf32 = f", TF32 {'on' if self.tf32 else 'off'}" if device.type == "cuda" else ""
-        layout = "channels_last" if self.layout else "NCHW"
+        layout = "channels_last" if self.channels_last else "NCHW"
         log.info(f"Precision: {self.name}, layout {layout}{tf32}")
 
     def plugin(self, device: str, name: str | None = None) -> MixedPrecision:

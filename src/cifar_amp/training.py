@@ -52,8 +52,8 @@ def build_run(cfg: DictConfig) -> Run:
     loggers = build.loggers(cfg, resumed and resumed.data)
     callbacks.append(checkpoints.Record(settings, loggers, prec))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
-    dm = build.datamodule(cfg, prec.layout)
-    module = build.module(cfg, dm.num_classes, prec.layout)
+    dm = build.datamodule(cfg, prec.channels_last)
+    module = build.module(cfg, dm.num_classes, prec.channels_last)
     if resumed:
         resumed.check_fits(module, dm.num_classes)
     # An extra's callback may refuse the run now, with nothing written (fine-tuning: its weights).

@@ -338,5 +338,5 @@ def test_auto_probes_this_gpus_modes_and_trains_in_its_choice(make_cfg):
     assert prec.probe_batch == cfg.data.batch_size  # the run's batch (its layout: below)
     assert prec.name in expected and trainer.precision == prec.name
     assert isinstance(trainer.precision_plugin, MixedPrecision) is (prec.name != "32-true")
-    assert prec.layout and rec.batches_nhwc == [True] * 2
+    assert prec.channels_last and rec.batches_nhwc == [True] * 2
     assert all(math.isfinite(v) for v in rec.losses)

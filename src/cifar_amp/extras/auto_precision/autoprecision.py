@@ -302,8 +302,9 @@ class AutoPrecision(Precision, FollowsCheckpoint):
     def autocasts(self) -> bool:
         return self.name == AUTO or super().autocasts
 
-    def channels_last(self, device: str) -> bool:
-        return self._channels_last if self._channels_last is not None else device in ("cuda", "cpu")
+    def channels_last_on(self, device: str) -> bool:
+        setting = self.channels_last_setting
+        return setting if setting is not None else device in ("cuda", "cpu")
 
     def adopt(self, recorded: str | None) -> None:
         if self.name == AUTO and recorded in NAMES:

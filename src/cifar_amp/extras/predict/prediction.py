@@ -197,7 +197,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
             f"predict runs in one process; trainer.devices={cfg.trainer.devices} with "
             f"trainer.num_nodes={cfg.trainer.num_nodes} asks for {trainer.world_size}"
         )
-    module = ckpt.module(channels_last=prec.layout, **({"tta": cfg.tta} if cfg.tta else {}))
+    module = ckpt.module(channels_last=prec.channels_last, **({"tta": cfg.tta} if cfg.tta else {}))
     num_classes = module.hparams.num_classes
     names = meta.get("class_names") or [str(i) for i in range(num_classes)]
     inputs = read(cfg.input, meta, num_classes)
@@ -210,7 +210,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
             + unread
         )
     runs.save_config(cfg)
-    collate = functools.partial(_collate, normaliser(meta), prec.layout)
+    collate = functools.partial(_collate, normaliser(meta), prec.channels_last)
     loader = DataLoader(inputs.images, batch_size=cfg.batch_size, collate_fn=collate)
     probs = torch.cat(trainer.predict(module, dataloaders=loader)).cpu()
     out = Path(cfg.run_dir) / CSV_NAME
