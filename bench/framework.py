@@ -122,7 +122,8 @@ def run_lightning(cfg: DictConfig, clock=time.perf_counter) -> tuple[list[float]
     run = training.build_run(cfg)
     clock = EpochClock(clock)
     run.trainer.callbacks.append(clock)
-    with training.guard(run):
+    with training.holding_run_dir(run):
+        training.record_config(run)
         training.fit(run)
     return clock.seconds, run
 

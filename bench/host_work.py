@@ -133,7 +133,8 @@ def profile(args, work: Path, top: int = 0) -> dict:
         probe = Profiled(timer)
         if profiled:
             run.trainer.callbacks.append(probe)
-        with training.guard(run):
+        with training.holding_run_dir(run):
+            training.record_config(run)
             training.fit(run)
         steps = args.epochs * run.trainer.num_training_batches
         loader = loader or run.datamodule.train_dataloader()

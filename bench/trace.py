@@ -200,7 +200,8 @@ def lightning_loop(cfg, args, traces: Path | None, name: str) -> dict:
     run = training.build_run(cfg)
     windows = Windows(run.trainer.strategy.root_device, args.warmup, args.steps, traces)
     run.trainer.callbacks.append(LightningWindows(windows))
-    with training.guard(run):
+    with training.holding_run_dir(run):
+        training.record_config(run)
         training.fit(run)
     callbacks = [type(c).__name__ for c in run.trainer.callbacks][:-1]
     return windows.report(args.top) | {"trace": windows.save_trace(name), "callbacks": callbacks}

@@ -35,7 +35,8 @@ class Run:
 def train(cfg: DictConfig) -> dict:
     """Fit, test the best checkpoint, write `<run_dir>/metrics.json`; return those metrics."""
     run = build_run(cfg)
-    with guard(run):
+    with holding_run_dir(run):
+        record_config(run)
         fit(run)
         return report(run, test(run))
 
@@ -63,20 +64,24 @@ def build_run(cfg: DictConfig) -> Run:
 
 
 @contextlib.contextmanager
-def guard(run: Run):
-    """Hold the run dir, record the resolved config there and in every logger; a file that cannot
-    be written stops the run in one line, which names the checkpoint to resume from."""
+def holding_run_dir(run: Run):
+    """Hold the run dir while the run writes there; a file it cannot write stops the run in one
+    line, which names the checkpoint to resume from."""
     with runs.claim(run.cfg.run_dir, resuming=run.resumed is not None):
         try:
-            runs.save_config(run.cfg)
-            for lg in run.trainer.loggers:
-                lg.log_hyperparams(OmegaConf.to_container(run.cfg, resolve=True))
             yield
         except runs.WriteFailed as e:
             last = Path(run.cfg.run_dir) / "checkpoints" / "last.ckpt"
             good = last if last.is_file() else run.resumed and run.resumed.path
             then = f"resume with ckpt_path={good} once there is room" if good else None
             raise UserError(f"{e}; {then or 'no checkpoint has been written yet'}") from e
+
+
+def record_config(run: Run) -> None:
+    """The resolved config, in the run dir (config.yaml) and in every logger."""
+    runs.save_config(run.cfg)
+    for lg in run.trainer.loggers:
+        lg.log_hyperparams(OmegaConf.to_container(run.cfg, resolve=True))
 
 
 def fit(run: Run) -> None:
