@@ -8,7 +8,6 @@ from omegaconf import DictConfig
 from cifar_amp import build, metrics, runs
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
-from cifar_amp.training import results, tested
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -25,7 +24,9 @@ def evaluate(cfg: DictConfig) -> dict:
     runs.save_config(cfg)
     trainer.test(module, datamodule=dm)
     path = str(Path(cfg.ckpt_path).resolve())
-    return results(cfg, tested(trainer) | {metrics.PRECISION: prec.name, "ckpt_path": path})
+    return runs.write_metrics(
+        cfg, metrics.tested(trainer) | {metrics.PRECISION: prec.name, "ckpt_path": path}
+    )
 
 
 def main(cfg: DictConfig) -> float:

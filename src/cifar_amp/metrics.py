@@ -19,3 +19,8 @@ def resolve(name: str) -> str:  # ${metric:val_acc} -> "val/acc"
     if name.lower() not in BY_NAME:
         raise ValueError(f"unknown metric {name!r}; known: {', '.join(sorted(BY_NAME))}")
     return BY_NAME[name.lower()]
+
+
+def tested(trainer) -> dict:
+    """What `trainer.test` logged, as metrics.json holds it (train.py's and eval.py's)."""
+    return {k: float(trainer.callback_metrics[k]) for k in (TEST_ACC, TEST_LOSS)}

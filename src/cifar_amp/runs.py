@@ -1,4 +1,5 @@
-"""A run's dir is its own (claimed, refused if used unless resuming); what a run writes there."""
+"""A run's dir is its own (claimed, refused if used unless resuming); what a run writes there:
+config.yaml, metrics.json, the checkpoints' ranking kept on resume."""
 
 import contextlib
 import functools
@@ -56,9 +57,12 @@ def save_config(cfg) -> None:
     write_text(Path(cfg.run_dir) / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
 
-@rank_zero_only
-def write_json(path: Path, payload: dict) -> None:
-    write_text(path, json.dumps(payload, indent=2) + "\n")
+def write_metrics(cfg, result: dict) -> dict:
+    """`<run_dir>/metrics.json` (on rank 0) and the log's `Results:` line; returns `result`."""
+    if rank_zero_only.rank == 0:
+        write_text(Path(cfg.run_dir) / "metrics.json", json.dumps(result, indent=2) + "\n")
+    log.info("Results: %s", json.dumps(result))
+    return result
 
 
 def write_text(path: Path, text: str) -> None:

@@ -1,7 +1,6 @@
 """Train, then test the best checkpoint, from a composed config. `train.py` hands over here."""
 
 import contextlib
-import json
 import logging
 import signal
 import time
@@ -105,11 +104,7 @@ def test(run: Run) -> dict:
     if not (ckpt := cb and cb.best_model_path):
         log.warning("No best checkpoint (no validation?): testing the final weights")
     run.trainer.test(run.module, run.datamodule, ckpt_path=ckpt or None, weights_only=True)
-    return tested(run.trainer) | {metrics.TESTED_CKPT: ckpt or None}
-
-
-def tested(trainer: L.Trainer) -> dict:  # (eval.py's too)
-    return {k: float(trainer.callback_metrics[k]) for k in (metrics.TEST_ACC, metrics.TEST_LOSS)}
+    return metrics.tested(run.trainer) | {metrics.TESTED_CKPT: ckpt or None}
 
 
 def report(run: Run, test_metrics: dict) -> dict:
@@ -117,19 +112,15 @@ def report(run: Run, test_metrics: dict) -> dict:
     fitted, step = run.fitted, run.trainer.global_step
     head = {metrics.EPOCHS: run.trainer.current_epoch, metrics.FIT_SECONDS: run.fit_seconds}
     best = {metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST)}  # null without validation
-    result = results(run.cfg, run.precision.record() | head | best | fitted | test_metrics)
+    result = runs.write_metrics(
+        run.cfg, run.precision.record() | head | best | fitted | test_metrics
+    )
     # The rest, and the sweeps' objective (the tracking extra's TensorBoard: with the config too)
     numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
     new = {k: v for k, v in numbers.items() if k not in fitted or k == metrics.VAL_ACC_BEST}
     for lg in run.trainer.loggers:
         lg.log_metrics(new, step=step)
         lg.finalize("finished")  # the job's last call (Lightning's "success" ends each stage)
-    return result
-
-
-def results(cfg: DictConfig, result: dict) -> dict:
-    runs.write_json(Path(cfg.run_dir) / "metrics.json", result)
-    log.info("Results: %s", json.dumps(result))
     return result
 
 
