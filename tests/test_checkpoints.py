@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from cifar_amp import checkpoints, metrics
+from cifar_amp import build, checkpoints, metrics
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
 from cifar_amp.training import train
@@ -37,7 +37,7 @@ def project_loads(monkeypatch) -> list[str]:
 @pytest.mark.parametrize("name", RELEASES)
 def test_every_earlier_release_loads_as_data(name):
     ckpt = checkpoints.Checkpoint(ASSETS / name)  # weights_only: no trust needed
-    assert ckpt.module().hparams.num_classes == 10
+    assert build.module_from_checkpoint(ckpt).hparams.num_classes == 10
     assert not torch.serialization.get_unsafe_globals_in_checkpoint(ASSETS / name)
 
 

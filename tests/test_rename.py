@@ -67,9 +67,11 @@ def test_a_renamed_fork_trains_evaluates_and_reads_every_checkpoint(tmp_path, ti
     # Each asset rebuilds its module in the fork (as eval.py would), in one process; and, not
     # installed under its new name, the fork's pip hints come from its own pyproject.toml.
     script = (
-        f"from {NEW}.checkpoints import Checkpoint\nfrom {NEW}.errors import pip_commands\n"
+        f"from {NEW}.build import module_from_checkpoint\nfrom {NEW}.checkpoints import Checkpoint\n"
+        f"from {NEW}.errors import pip_commands\n"
         f"for path in {[str(a) for a in assets]!r}:\n"
-        f"    assert type(Checkpoint(path).module().net).__module__.startswith('{NEW}.'), path\n"
+        f"    module = module_from_checkpoint(Checkpoint(path))\n"
+        f"    assert type(module.net).__module__.startswith('{NEW}.'), path\n"
         "print(pip_commands())\n"
     )
     hints = run("-c", script).stdout.strip()

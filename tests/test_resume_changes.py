@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from cifar_amp import metrics, schedules
-from cifar_amp.checkpoints import SETTINGS, Checkpoint, resume_source
+from cifar_amp.checkpoints import SETTINGS, Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
+from cifar_amp.resume import source as resume_source
 from cifar_amp.training import train
 from test_resume import EXACT, assert_same_weights, comparable
 

@@ -63,8 +63,8 @@ def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tm
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     from cifar_amp import build
-    from cifar_amp.checkpoints import resume_source
     from cifar_amp.errors import UserError
+    from cifar_amp.resume import source as resume_source
     from cifar_amp.runs import claim
 
     for k, v in SLURM_ENV.items():

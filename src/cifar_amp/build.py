@@ -12,7 +12,9 @@ from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp import seams
+from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
+from cifar_amp.module import ImageClassifier
 from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -130,3 +132,17 @@ def module(cfg: DictConfig, num_classes: int, channels_last=False):
     net = OmegaConf.to_container(cfg.model, resolve=True)
     args = dict(num_classes=num_classes, channels_last=channels_last)
     return build(cfg.module, "module", recursive=False, net=net, **args)
+
+
+def module_from_checkpoint(ckpt: Checkpoint, **overrides) -> ImageClassifier:
+    """`ckpt`'s LightningModule in eval mode, weights loaded (EMA's: averaged); `overrides` win."""
+    takes = inspect.signature(ImageClassifier).parameters
+    args = {k: v for k, v in ckpt.hparams.items() if k in takes} | overrides
+    try:
+        module = ImageClassifier(**args)
+        module.load_state_dict(ckpt.data["state_dict"])
+    except InvalidArgument as e:
+        raise UserError(f"invalid config value for {e}") from e
+    except Exception as e:
+        raise UserError(f"{ckpt.where}: cannot load ({type(e).__name__}: {e})") from e
+    return module.eval()

@@ -1,18 +1,13 @@
-"""Checkpoints, read once per command, as data only: unpickling runs code (trust_checkpoint)."""
+"""Checkpoints, read once per command, as data only (unpickling runs code: trust_checkpoint), and
+checked against the run that starts from one."""
 
-import inspect
-import re
 from pathlib import Path
 
 import torch
-from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch import Callback
 
-from cifar_amp import seams
-from cifar_amp.errors import InvalidArgument, UserError
-from cifar_amp.module import ImageClassifier
+from cifar_amp.errors import UserError
 
-SETTINGS = "run_settings"  # the top-level key the core adds (a tracker's run: extras/tracking)
+SETTINGS = "run_settings"  # the top-level key of what a resume must keep (resume.py writes it)
 
 
 def first_few(items: list[str], n: int = 3) -> str:
@@ -29,17 +24,6 @@ def mismatch(saved: dict, ours: dict) -> list[str]:
         "shapes (checkpoint vs model)": bad,
     }
     return [f"{what}: {first_few(keys)}" for what, keys in found.items() if keys]
-
-
-def run_settings(cfg) -> dict:
-    """What a resume must keep, by config key: the schedule and optimizer state depend on it."""
-    return {
-        "data.dataset": cfg.data.get("dataset", cfg.data._target_),
-        "data.batch_size": cfg.data.get("batch_size"),
-        "precision": cfg.precision.name,
-        "model._target_": cfg.model["_target_"],
-        **trained_by(cfg.module),
-    }
 
 
 def trained_by(module) -> dict:
@@ -100,42 +84,3 @@ class Checkpoint:
             raise UserError(
                 f"{self.where} does not fit this model (check model=...): " + "; ".join(problems)
             )
-
-    def module(self, **overrides) -> ImageClassifier:
-        """Its LightningModule in eval mode, weights loaded (EMA's: averaged); `overrides` win."""
-        takes = inspect.signature(ImageClassifier).parameters
-        args = {k: v for k, v in self.hparams.items() if k in takes} | overrides
-        try:
-            module = ImageClassifier(**args)
-            module.load_state_dict(self.data["state_dict"])
-        except InvalidArgument as e:
-            raise UserError(f"invalid config value for {e}") from e
-        except Exception as e:
-            raise UserError(f"{self.where}: cannot load ({type(e).__name__}: {e})") from e
-        return module.eval()
-
-
-def resume_source(cfg) -> Path | None:
-    """The checkpoint to resume: `ckpt_path` (`last`/`hpc` resolved), or SLURM's requeue one."""
-    ckpt, root = cfg.get("ckpt_path"), Path(cfg.run_dir)
-    if ckpt == "last":
-        return root / "checkpoints" / "last.ckpt"
-    if ckpt == "hpc" or (ckpt is None and SLURMEnvironment.detect()):
-        hpc = sorted(root.glob("hpc_ckpt_*.ckpt"), key=lambda p: int(re.sub(r"\D", "", p.stem)))
-        if ckpt == "hpc" and not hpc:
-            raise UserError(f"ckpt_path=hpc: no hpc_ckpt_*.ckpt in {root}")
-        return hpc[-1] if hpc else None
-    return Path(ckpt) if ckpt else None
-
-
-class Record(Callback):
-    """Writes the settings a resume must keep, and each tracker's run, into every checkpoint."""
-
-    def __init__(self, settings: dict, loggers: dict, precision) -> None:  # auto: chosen in fit
-        self.settings, self.loggers, self.precision = settings, loggers, precision
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[SETTINGS] = self.settings | {"precision": self.precision.name}
-        for key, logger in self.loggers.items():
-            if isinstance(logger, seams.ContinuesRun):
-                logger.record(checkpoint, key)

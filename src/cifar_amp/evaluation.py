@@ -19,7 +19,7 @@ def evaluate(cfg: DictConfig) -> dict:
     prec = build.precision(cfg, ckpt)  # auto: the mode the checkpoint trained in
     trainer = build.trainer(cfg, prec, loggers=build.loggers(cfg).values())
     dm = build.datamodule(cfg, prec.channels_last)
-    module = ckpt.module(channels_last=prec.channels_last)
+    module = build.module_from_checkpoint(ckpt, channels_last=prec.channels_last)
     ckpt.check_fits(module, dm.num_classes)
     runs.save_config(cfg)
     trainer.test(module, datamodule=dm)

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from cifar_amp import build, checkpoints, metrics, runs, seams
+from cifar_amp import build, metrics, resume, runs, seams
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.precision import Precision
@@ -43,14 +43,14 @@ def train(cfg: DictConfig) -> dict:
 def build_run(cfg: DictConfig) -> Run:
     """Everything the run needs, range-checked, and the resume checked; nothing is written yet."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    source = checkpoints.resume_source(cfg)
+    source = resume.source(cfg)
     resumed = Checkpoint(source, trust=cfg.trust_checkpoint) if source else None
     prec, callbacks = build.precision(cfg, resumed), build.callbacks(cfg)
-    settings = checkpoints.run_settings(cfg)
+    settings = resume.settings(cfg)
     if resumed:  # first: it names the setting that differs
         resumed.check_settings(settings | {"precision": prec.name})
     loggers = build.loggers(cfg, resumed and resumed.data)
-    callbacks.append(checkpoints.Record(settings, loggers, prec))
+    callbacks.append(resume.Record(settings, loggers, prec))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     dm = build.datamodule(cfg, prec.channels_last)
     module = build.module(cfg, dm.num_classes, prec.channels_last)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cifar_amp import build
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.extras.predict import export
@@ -26,7 +27,7 @@ onnxruntime = pytest.importorskip("onnxruntime")
 def load(path, **overrides):
     """The checkpoint's module, as predict and export rebuild it, and its data_meta."""
     ckpt = Checkpoint(path)
-    return ckpt.module(**overrides), data_meta(ckpt)
+    return build.module_from_checkpoint(ckpt, **overrides), data_meta(ckpt)
 
 
 @pytest.fixture(scope="module")

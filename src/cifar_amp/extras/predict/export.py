@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from cifar_amp import build
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.extras.predict.prediction import data_meta, normaliser, read
@@ -72,7 +73,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         )
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
     meta = data_meta(ckpt)
-    module = ckpt.module(**({"tta": cfg.tta} if cfg.tta else {}))
+    module = build.module_from_checkpoint(ckpt, **({"tta": cfg.tta} if cfg.tta else {}))
     n = module.hparams.num_classes
     source = cfg.input or meta.get("test_images")
     give = (

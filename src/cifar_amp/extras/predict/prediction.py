@@ -197,7 +197,9 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
             f"predict runs in one process; trainer.devices={cfg.trainer.devices} with "
             f"trainer.num_nodes={cfg.trainer.num_nodes} asks for {trainer.world_size}"
         )
-    module = ckpt.module(channels_last=prec.channels_last, **({"tta": cfg.tta} if cfg.tta else {}))
+    module = build.module_from_checkpoint(
+        ckpt, channels_last=prec.channels_last, **({"tta": cfg.tta} if cfg.tta else {})
+    )
     num_classes = module.hparams.num_classes
     names = meta.get("class_names") or [str(i) for i in range(num_classes)]
     inputs = read(cfg.input, meta, num_classes)

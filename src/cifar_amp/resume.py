@@ -1,0 +1,49 @@
+"""Resuming a run: the checkpoint it continues, and the settings it must keep, which `Record`
+writes into every checkpoint and `Checkpoint.check_settings` compares when a run resumes."""
+
+import re
+from pathlib import Path
+
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch import Callback
+
+from cifar_amp import seams
+from cifar_amp.checkpoints import SETTINGS, trained_by
+from cifar_amp.errors import UserError
+
+
+def source(cfg) -> Path | None:
+    """The checkpoint to resume: `ckpt_path` (`last`/`hpc` resolved), or SLURM's requeue one."""
+    ckpt, root = cfg.get("ckpt_path"), Path(cfg.run_dir)
+    if ckpt == "last":
+        return root / "checkpoints" / "last.ckpt"
+    if ckpt == "hpc" or (ckpt is None and SLURMEnvironment.detect()):
+        hpc = sorted(root.glob("hpc_ckpt_*.ckpt"), key=lambda p: int(re.sub(r"\D", "", p.stem)))
+        if ckpt == "hpc" and not hpc:
+            raise UserError(f"ckpt_path=hpc: no hpc_ckpt_*.ckpt in {root}")
+        return hpc[-1] if hpc else None
+    return Path(ckpt) if ckpt else None
+
+
+def settings(cfg) -> dict:
+    """What a resume must keep, by config key: the schedule and optimizer state depend on it."""
+    return {
+        "data.dataset": cfg.data.get("dataset", cfg.data._target_),
+        "data.batch_size": cfg.data.get("batch_size"),
+        "precision": cfg.precision.name,
+        "model._target_": cfg.model["_target_"],
+        **trained_by(cfg.module),
+    }
+
+
+class Record(Callback):
+    """Writes the settings a resume must keep, and each tracker's run, into every checkpoint."""
+
+    def __init__(self, settings: dict, loggers: dict, precision) -> None:  # auto: chosen in fit
+        self.settings, self.loggers, self.precision = settings, loggers, precision
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[SETTINGS] = self.settings | {"precision": self.precision.name}
+        for key, logger in self.loggers.items():
+            if isinstance(logger, seams.ContinuesRun):
+                logger.record(checkpoint, key)
