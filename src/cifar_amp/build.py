@@ -73,18 +73,38 @@ def loggers(cfg: DictConfig, resumed: dict | None = None) -> dict:
 
 
 def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), loggers=(), **overrides):
-    """The Trainer of `cfg.trainer` (`overrides` win) with its precision's plugin, then set up."""
-    t, prec, clip = cfg.trainer, prec or precision(cfg), cfg.trainer.get("gradient_clip_val")
-    if (start := per_stage_ranks(t.strategy)) and HydraConfig.initialized():
-        if isinstance(s := t.strategy, str):  # a registered name: its class and arguments
-            s = dict(StrategyRegistry[s]["init_params"], _target_=StrategyRegistry[s]["strategy"])
-        overrides.setdefault("strategy", build(s, "trainer.strategy", start_method="popen"))
+    """The Trainer of `cfg.trainer` (`overrides` win), which the precision then sets up for the
+    device it chose (TF32, channels_last)."""
+    t, prec = cfg.trainer, prec or precision(cfg)
+    if "strategy" not in overrides and (built := strategy(t.strategy)) is not None:
+        overrides["strategy"] = built
+    check_fused_clipping(cfg, prec, overrides.get("strategy", t.strategy))
+    if OmegaConf.select(cfg, "module.compile"):  # test reuses validation's graph (no_grad),
+        overrides.setdefault("inference_mode", False)  # not one more for inference tensors
+    if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
+        overrides.setdefault("benchmark", not t.get("deterministic"))
+    overrides |= precision_args(t, prec, overrides) | {"logger": list(loggers) or False}
+    made = build(t, "trainer", callbacks=list(callbacks), default_root_dir=cfg.run_dir, **overrides)
+    prec.setup(made)
+    return made
+
+
+def strategy(node):
+    """`trainer.strategy` built where Lightning cannot take the config as it is: a mapping, or
+    a name whose ranks would restart per stage (started once, as ddp's, instead); else None."""
+    if (start := per_stage_ranks(node)) and HydraConfig.initialized():
+        if isinstance(node, str):  # a registered name: its class and arguments
+            entry = StrategyRegistry[node]
+            node = dict(entry["init_params"], _target_=entry["strategy"])
         log.info(f"Ranks started once, by re-running this command as ddp's, not by {start}")
-    if "strategy" not in overrides and isinstance(t.strategy, Mapping):  # it may make the plugin
-        overrides["strategy"] = build(t.strategy, "trainer.strategy")
-    # Lightning's sharded plugins do not clip a fused optimizer's gradients (ours do).
+        return build(node, "trainer.strategy", start_method="popen")
+    return build(node, "trainer.strategy") if isinstance(node, Mapping) else None
+
+
+def check_fused_clipping(cfg: DictConfig, prec: Precision, strategy) -> None:
+    """Lightning's sharded plugins do not clip a fused optimizer's gradients (ours do)."""
+    clip = cfg.trainer.get("gradient_clip_val")
     if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
-        strategy = overrides.get("strategy", t.strategy)
         if isinstance(strategy, seams.StrategyWithFloat16Plugin):
             raise UserError(
                 f"trainer.gradient_clip_val={clip} with module.optimizer.fused=true under "
@@ -92,19 +112,16 @@ def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), logger
                 "fused optimizer's gradients there; add trainer.gradient_clip_val=null (the "
                 "default trainer clips) or module.optimizer.fused=false"
             )
-    if OmegaConf.select(cfg, "module.compile"):  # test reuses validation's graph (no_grad),
-        overrides.setdefault("inference_mode", False)  # not one more for inference tensors
-    if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
-        overrides.setdefault("benchmark", not t.get("deterministic"))
+
+
+def precision_args(t: DictConfig, prec: Precision, overrides: dict) -> dict:
+    """The precision's Trainer arguments; a plugin of its joins the configured ones (after them)."""
     accelerator = overrides.get("accelerator", t.get("accelerator"))
     args = prec.trainer_args(accelerator, overrides.get("strategy", t.strategy))
-    if "plugins" in args:  # beside the configured ones (the reliability extra's checkpoint IO)
+    if "plugins" in args:
         configured = build(t.plugins, "trainer.plugins") if t.get("plugins") else []
         args["plugins"][:0] = configured if isinstance(configured, list) else [configured]
-    overrides |= args | {"logger": list(loggers) or False}
-    made = build(t, "trainer", callbacks=list(callbacks), default_root_dir=cfg.run_dir, **overrides)
-    prec.setup(made)
-    return made
+    return args
 
 
 def per_stage_ranks(strategy) -> str | None:
