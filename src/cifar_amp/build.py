@@ -15,7 +15,6 @@ from cifar_amp import seams
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
 from cifar_amp.module import ImageClassifier
-from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ def build(node, key: str, recursive: bool = True, **kwargs):
         raise UserError(f"cannot build {key}: {type(cause).__name__}: {cause}") from e
 
 
-def precision(cfg: DictConfig, started_from=None) -> Precision:
+def precision(cfg: DictConfig, started_from=None) -> seams.PrecisionMode:
     """`cfg.precision`; auto (seams.FollowsCheckpoint) takes the mode `started_from` records."""
     prec = build(cfg.precision, "precision")
     if started_from and isinstance(prec, seams.FollowsCheckpoint):
@@ -72,7 +71,9 @@ def loggers(cfg: DictConfig, resumed: dict | None = None) -> dict:
     return out
 
 
-def trainer(cfg: DictConfig, prec: Precision | None = None, callbacks=(), loggers=(), **overrides):
+def trainer(
+    cfg: DictConfig, prec: seams.PrecisionMode | None = None, callbacks=(), loggers=(), **overrides
+):
     """The Trainer of `cfg.trainer` (`overrides` win), which the precision then sets up for the
     device it chose (TF32, channels_last)."""
     t, prec = cfg.trainer, prec or precision(cfg)
@@ -101,7 +102,7 @@ def strategy(node):
     return build(node, "trainer.strategy") if isinstance(node, Mapping) else None
 
 
-def check_fused_clipping(cfg: DictConfig, prec: Precision, strategy) -> None:
+def check_fused_clipping(cfg: DictConfig, prec: seams.PrecisionMode, strategy) -> None:
     """Lightning's sharded plugins do not clip a fused optimizer's gradients (ours do)."""
     clip = cfg.trainer.get("gradient_clip_val")
     if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
@@ -114,7 +115,7 @@ def check_fused_clipping(cfg: DictConfig, prec: Precision, strategy) -> None:
             )
 
 
-def precision_args(t: DictConfig, prec: Precision, overrides: dict) -> dict:
+def precision_args(t: DictConfig, prec: seams.PrecisionMode, overrides: dict) -> dict:
     """The precision's Trainer arguments; a plugin of its joins the configured ones (after them)."""
     accelerator = overrides.get("accelerator", t.get("accelerator"))
     args = prec.trainer_args(accelerator, overrides.get("strategy", t.strategy))

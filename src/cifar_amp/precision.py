@@ -17,7 +17,9 @@ log = logging.getLogger(__name__)
 NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 
 
-class Precision:
+class Precision(seams.PrecisionMode):
+    """A fixed mode: `name` in every step, its plugin (16-mixed's: with `scaler`), its layout."""
+
     def __init__(
         self,
         name: str = "32-true",  # Lightning's; 16-mixed is float16 + GradScaler on CPU too

@@ -41,6 +41,32 @@ class ContinuesRun(ABC):
     def record(self, checkpoint: dict, key: str) -> None: ...
 
 
+class PrecisionMode(ABC):
+    """`precision`: what the core asks of it, in build.py and training.py. The core's own is
+    precision.Precision, one fixed mode; an extra extends that class and overrides these.
+    Implemented by: extras/auto_precision (AutoPrecision)."""
+
+    name: str  # Lightning's name of the mode trained in, recorded in checkpoints
+    channels_last: bool | None  # NHWC network and batches, decided by setup()
+
+    @abstractmethod
+    def trainer_args(self, accelerator, strategy) -> dict:
+        """The Trainer's arguments for it: `precision`, or `plugins`."""
+
+    @property
+    @abstractmethod
+    def autocasts(self) -> bool:
+        """Whether steps may run under autocast."""
+
+    @abstractmethod
+    def setup(self, trainer) -> None:
+        """Once the Trainer has chosen its device: TF32, `channels_last`."""
+
+    @abstractmethod
+    def record(self) -> dict:
+        """What metrics.json says of it."""
+
+
 class FollowsCheckpoint(ABC):
     """`precision`, told the mode of the checkpoint a command starts from before its check.
     Implemented by: extras/auto_precision (AutoPrecision)."""

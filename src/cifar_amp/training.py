@@ -14,7 +14,6 @@ from omegaconf import DictConfig, OmegaConf
 from cifar_amp import build, metrics, resume, runs, seams
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
-from cifar_amp.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +21,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Run:
     cfg: DictConfig
-    precision: Precision
+    precision: seams.PrecisionMode
     trainer: L.Trainer
     datamodule: L.LightningDataModule
     module: L.LightningModule

@@ -57,7 +57,7 @@ from torch import Tensor
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.precision import NAMES, Precision, _start_momentum
-from cifar_amp.seams import FollowsCheckpoint
+from cifar_amp.seams import FollowsCheckpoint, PrecisionMode
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -260,9 +260,10 @@ def first_batch(trainer):
     return move_data_to_device(batch, trainer.strategy.root_device)
 
 
-class AutoPrecision(Precision, FollowsCheckpoint):
+class AutoPrecision(Precision, PrecisionMode, FollowsCheckpoint):
     """`precision=auto` (its configs/precision/auto.yaml): a Precision whose mode is chosen by the
-    probe when fit starts, or taken from the checkpoint a run resumes (no probe).
+    probe when fit starts, or taken from the checkpoint a run resumes (no probe). It overrides
+    the PrecisionMode hooks, and Precision's own plugin and channels_last_on, which they call.
 
     Args:
         probe_seconds: the probe's budget, all candidates together.
