@@ -30,7 +30,7 @@ def build(node, key: str, recursive: bool = True, **kwargs):
             cause = cause.__cause__
         if isinstance(cause, UserError):
             raise cause from e
-        if missing := missing_package(cause):  # an extra's package, e.g. logger=mlflow's
+        if missing := missing_package(cause):  # a package an option needs that is not installed
             raise UserError(f"{key} needs {missing}") from e
         if isinstance(cause, MissingMandatoryValue):  # a required constructor argument
             raise UserError(f"{cause.full_key} is required: set {cause.full_key}=...") from e
@@ -61,7 +61,7 @@ def loggers(cfg: DictConfig, resumed: dict | None = None) -> dict:
     out = {}
     for key, node in ((k, n) for k, n in (cfg.get("logger") or {}).items() if n):
         kwargs = {}
-        try:  # a _target_ that does not import: build() names the key, below
+        try:  # build() below names the key of a _target_ that does not import
             tracker = get_class(node._target_) if resumed else None
         except Exception:
             tracker = None
@@ -82,7 +82,7 @@ def trainer(
     check_fused_clipping(cfg, prec, overrides.get("strategy", t.strategy))
     if OmegaConf.select(cfg, "module.compile"):  # test reuses validation's graph (no_grad),
         overrides.setdefault("inference_mode", False)  # not one more for inference tensors
-    if t.get("benchmark") is None:  # cudnn autotuning: on unless the run must be deterministic
+    if t.get("benchmark") is None:  # cudnn autotuning is on unless the run must be deterministic
         overrides.setdefault("benchmark", not t.get("deterministic"))
     overrides |= precision_args(t, prec, overrides) | {"logger": list(loggers) or False}
     made = build(t, "trainer", callbacks=list(callbacks), default_root_dir=cfg.run_dir, **overrides)
@@ -94,7 +94,7 @@ def strategy(node):
     """`trainer.strategy` built where Lightning cannot take the config as it is: a mapping, or
     a name whose ranks would restart per stage (started once, as ddp's, instead); else None."""
     if (start := per_stage_ranks(node)) and HydraConfig.initialized():
-        if isinstance(node, str):  # a registered name: its class and arguments
+        if isinstance(node, str):  # a registered name stands for its class and arguments
             entry = StrategyRegistry[node]
             node = dict(entry["init_params"], _target_=entry["strategy"])
         log.info(f"Ranks started once, by re-running this command as ddp's, not by {start}")

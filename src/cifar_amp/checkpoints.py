@@ -45,7 +45,7 @@ class Checkpoint:
         if not Path(path).is_file():
             valid = ", or one of last, hpc" if key == "ckpt_path" else ""
             raise UserError(f"{self.where}: no such file (valid: a .ckpt file{valid})")
-        try:  # mmap: reads only the index now, tensors on demand
+        try:  # with mmap, only the index is read now and each tensor when it is used
             data = torch.load(path, map_location="cpu", weights_only=not trust, mmap=True)
         except Exception as e:  # unpickling or zip errors
             if "Weights only load failed" not in str(e):

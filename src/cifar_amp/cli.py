@@ -20,13 +20,13 @@ from cifar_amp import config, seams
 from cifar_amp.errors import fail, missing_package, pip_commands, reported
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-JOB_RUNNER = "job_runner"  # `hydra.callbacks.<this>`: the seams.JobRunner that runs each job
+JOB_RUNNER = "job_runner"  # the key, under hydra.callbacks, of a seams.JobRunner that runs jobs
 
 
 def main(task: Callable[[DictConfig], Any], name: str, schema=None, entry: str | None = None):
-    """Check the command line, then run `task` under Hydra: configs/<name>.yaml, schema `schema`;
-    `entry` is the command in messages (default `<name>.py`; `python -m` a module: its name)."""
-    with reported():  # an extra deleted while another still needs it: one line
+    """Check the command line, then run `task` under Hydra with configs/<name>.yaml and the
+    schema `schema`; messages name the command `entry`, by default `<name>.py`."""
+    with reported():  # so that an extra deleted while another needs it is one line
         config.register(CONFIGS, {name: schema} if schema else None)
     check_overrides(sys.argv[1:], CONFIGS, name, entry)
     hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=name)(job(task))()
@@ -37,7 +37,7 @@ def job(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
 
     @functools.wraps(task)
     def run(cfg: DictConfig):
-        # Lightning set up logging before Hydra, with a stderr handler of its own: use Hydra's.
+        # Lightning set up a stderr handler of its own before Hydra did; Hydra's is the run's log.
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
@@ -70,9 +70,9 @@ def check_overrides(argv: list[str], config_dir: Path, config_name: str, entry=N
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         values = [v for arg, o in zip(overrides, parsed, strict=True) if (v := _values(arg, o))]
-    except Exception:  # unparsable: Hydra reports it in its own words, but for a value's `=`
+    except Exception:  # Hydra reports an override it cannot parse, except a value's `=`, itself
         for key, _, value in (a.partition("=") for a in overrides if not _parses(a)):
-            if "=" in value:  # a Lightning checkpoint's name: epoch=0-step=7.ckpt
+            if "=" in value:  # as in a Lightning checkpoint's name, epoch=0-step=7.ckpt
                 fail(
                     f"{key}={value}: Hydra reads the `=` in the value as a second key; quote "
                     f"the value, with the shell's quotes around it: \"{key}='{value}'\""
@@ -130,7 +130,7 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
             why = [a for a in absent if a.startswith("hydra-") and a.split(",")[0] not in have]
             why = "; ".join(why) or "no installed package provides it"
             fail(f"{chosen} needs {group}/{choice}, a config of a Hydra plugin: {why}")
-        return  # not the user's choice: Hydra reports it in its own words
+        return  # Hydra reports, in its own words, a missing config that the user did not choose
     except hydra.errors.ConfigCompositionException as e:
         # Raised inside a config file (a recipe's), the error is the context, not the cause.
         cause, source = e.__cause__ or e.__context__, re.match(r"In '([^']+)/([^'/]+)'", str(e))
@@ -143,7 +143,7 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
         parent, _, name = key.rpartition(".")
         valid = sorted(map(str, cause.parent_node or {}))  # the keys where it was looked for
         keys = ", ".join(valid)
-        if source and not bad:  # a recipe sets it: experiment=cpu_quick sets model.widths
+        if source and not bad:  # a key a recipe sets, as experiment=cpu_quick sets model.widths
             option, taker = "=".join(source.groups()), _override_of(argv, parent) or parent
             fail(f"{option} sets {key}, which {taker} does not take; its keys: {keys}")
         close = difflib.get_close_matches(name, valid, n=1)
@@ -151,15 +151,15 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
         node = cause.parent_node if isinstance(cause.parent_node, DictConfig) else {}
         of = f" ({node['_target_']})" if "_target_" in node else ""
         fail(f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}{of}: {keys}")
-    except Exception:  # anything else (syntax, ...): Hydra reports it in its own words
+    except Exception:  # Hydra reports anything else (syntax, ...) in its own words
         return
     for group in ("sweeper", "launcher") if multirun or cfg.hydra.mode == RunMode.MULTIRUN else ():
-        try:  # its package may be missing (Hydra: a traceback, when the sweep starts)
+        try:  # its package may be missing, which Hydra reports with a traceback once it starts
             importlib.import_module(cfg.hydra[group]._target_.rpartition(".")[0])
         except Exception as e:  # a missing package is ours to name; anything else, Hydra's
             if missing := missing_package(e):
                 fail(f"{_override_of(argv, f'hydra/{group}') or f'hydra/{group}'} needs {missing}")
 
 
-def _override_of(argv: list[str], key: str) -> str | None:  # a key or group: hydra/launcher
+def _override_of(argv: list[str], key: str) -> str | None:  # a key, or a group: hydra/launcher
     return next((a for a in argv if a.lstrip("+~").partition("=")[0] == key), None)

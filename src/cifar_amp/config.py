@@ -31,7 +31,7 @@ NOT_SETTINGS = {
     "trainer": ("precision", "callbacks", "logger", "default_root_dir"),
 }
 SCHEMA_LINE = re.compile(r"^\s*-\s*/schema/([\w.]+)@_here_\s*(?:#.*)?$", re.M)
-# `Annotated[dict, Nested(cls, exclude), ...]`: the argument is a node of `cls`'s own arguments.
+# An argument annotated `Annotated[dict, Nested(cls, exclude)]` is a node of `cls`'s arguments.
 Nested = collections.namedtuple("Nested", ["target", "exclude"], defaults=[()])
 
 
@@ -73,9 +73,9 @@ def schema(target: Any, exclude: tuple[str, ...] = (), path: str | None = None) 
         if isinstance(nested := getattr(extra, "__metadata__", [None])[0], Nested):
             typ = schema(nested.target, nested.exclude)
             value = typ()
-        elif value is p.empty:  # required: the YAML or the user sets it
+        elif value is p.empty:  # a required argument, which the YAML or the user sets
             value = MISSING
-        elif name == "seed":  # one seed for the whole run: the top-level `seed`
+        elif name == "seed":  # every seed of a run follows its top-level `seed`
             typ, value = Any, "${seed}"
         elif isinstance(value, (tuple, list, typing.Mapping)):
             value = dict(value) if isinstance(value, typing.Mapping) else list(value)
@@ -98,17 +98,17 @@ class TrainConfig:
     run_dir: str = "${hydra:runtime.output_dir}"  # checkpoints, logs, metrics.json
     seed: int = 42  # seeds the split, augmentation and initialisation
     ckpt_path: Optional[str] = None  # resume from this checkpoint (or `last`, `hpc`)
-    trust_checkpoint: bool = False  # unpickle checkpoints as anything: for files you trust
+    trust_checkpoint: bool = False  # unpickle any object a checkpoint holds, for files you trust
     test: bool = True  # test the best checkpoint after fit
     optimized_metric: str = metrics.VAL_ACC_BEST  # what train.py returns, for sweepers
 
 
-# The top of `configs/eval.yaml`: train.yaml's fields (the same Field objects) less fit's own.
+# The top of `configs/eval.yaml` is train.yaml's (the same Field objects) less fit's own fields.
 FIT_ONLY = ("model", "module", "callbacks", "test", "optimized_metric")
 EvalConfig = dataclasses.make_dataclass(
     "EvalConfig", [(f.name, f.type, f) for f in fields(TrainConfig) if f.name not in FIT_ONLY]
 )
-# What a checkpoint holds that the entries starting from one (eval, predict, export) take from it.
+# What a checkpoint holds that every entry starting from one (eval.py, an extra's) takes from it.
 FROM_CHECKPOINT = {
     "model": "the network",
     "module": "the module's settings (num_classes, tta; its optimizer was training's)",
@@ -120,7 +120,7 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
     """Store the entry configs' schemas, each schema that a YAML file names, and the resolvers."""
     cs = ConfigStore.instance()
     for name, node in {"train": TrainConfig, "eval": EvalConfig, **(entries or {})}.items():
-        # Open while composing, for an extra's own top-level key (`init_from`); Hydra closes it.
+        # Open while composing, so that an extra may add a top-level key; Hydra closes it after.
         cs.store(name=f"{name}_schema", node=OmegaConf.structured(node, flags={"struct": False}))
     for root in (Path(config_dir), *sorted(EXTRAS.glob("*/configs"))):
         for f in sorted(root.rglob("*.yaml")):
@@ -135,18 +135,19 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
 def _target(path: str, named_in: Path) -> Any:
     """The class at `path`, or one line if it imports an extra whose folder was deleted."""
     module, _, name = path.rpartition(".")
-    try:  # not Hydra's get_object, which logs its own error before ours
+    try:  # importlib, as Hydra's get_object would log an error of its own before ours
         return getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as e:
         prefix, _, rest = (e.name or "").partition(".extras.")
         gone = rest.split(".")[0]
         if prefix != __package__ or not gone or (EXTRAS / gone).is_dir():
             raise
-        from cifar_amp.errors import UserError  # here: the Hydra plugin imports this module early
+        # Imported here: errors.py imports Lightning, and Hydra's plugin scan imports this module.
+        from cifar_amp.errors import UserError
 
         users = [p.parent.name for p in sorted(EXTRAS.glob("*/__init__.py")) if gone in _needs(p)]
         who = f"{' and '.join(users)} need it: delete their folders too"
-        if not users:  # not declared: the config file that names it
+        if not users:  # no extra declares the need, so the config file that names it is named
             who = f"{named_in} names it: delete that file too"
         raise UserError(
             f"the {gone} extra is deleted ({EXTRAS / gone} is gone), but {who}, or restore it "

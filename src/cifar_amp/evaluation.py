@@ -16,7 +16,7 @@ def evaluate(cfg: DictConfig) -> dict:
         raise UserError("ckpt_path is required, e.g. ckpt_path=<run>/checkpoints/last.ckpt")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
-    prec = build.precision(cfg, ckpt)  # auto: the mode the checkpoint trained in
+    prec = build.precision(cfg, ckpt)  # a precision that follows a checkpoint takes its mode
     trainer = build.trainer(cfg, prec, loggers=build.loggers(cfg).values())
     dm = build.datamodule(cfg, prec.channels_last)
     module = build.module_from_checkpoint(ckpt, channels_last=prec.channels_last)

@@ -7,9 +7,9 @@ VAL_ACC = "val/acc"
 VAL_ACC_BEST = "val/acc_best"
 TEST_LOSS = "test/loss"
 TEST_ACC = "test/acc"
-PRECISION = "precision"  # the mode trained in (precision=auto: the one it chose)
+PRECISION = "precision"  # the mode trained in, the chosen one where the precision chooses
 EPOCHS = "epochs"
-FIT_SECONDS = "fit_seconds"  # wall time of trainer.fit: set-up, training, validation, checkpoints
+FIT_SECONDS = "fit_seconds"  # wall time of trainer.fit, with its set-up, validation and checkpoints
 TESTED_CKPT = "tested_ckpt"
 
 BY_NAME = {k.lower(): v for k, v in globals().items() if k.isupper() and isinstance(v, str)}

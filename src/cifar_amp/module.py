@@ -63,7 +63,7 @@ class ImageClassifier(HookNameFastPath):
             raise NestedBuildError("model", e) from e
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
-        for stage in ("train", "val", "test"):  # no validate_args, NaN check: host reads per step
+        for stage in ("train", "val", "test"):  # their input checks would read the device each step
             acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
             setattr(self, f"{stage}_acc", acc)
             setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
@@ -148,7 +148,7 @@ class ImageClassifier(HookNameFastPath):
         self._log_epoch("test")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # At an epoch's end a resume starts the next: training metrics saved reset (in EMA's too).
+        # A resume from an epoch's end starts the next epoch, so its training metrics are saved reset.
         if self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             copies = (c for c in self.trainer.callbacks if isinstance(c, seams.ModelStateCopy))
             keys = {"state_dict", *(c.model_state_key for c in copies)}

@@ -60,7 +60,7 @@ class Precision(seams.PrecisionMode):
         return {"plugins": [self.plugin(device)]}
 
     @property
-    def autocasts(self) -> bool:  # whether steps autocast (under our plugin, unless sharded)
+    def autocasts(self) -> bool:
         return self.name in ("16-mixed", "bf16-mixed")
 
     def channels_last_on(self, device: str) -> bool:
@@ -103,8 +103,8 @@ class Autocast(MixedPrecision):
     reads the flag on the host every step. Under bf16-mixed there is nothing to unscale, and
     Lightning refuses all the same."""
 
-    # Checkpoints keep the GradScaler's state under the plugin's qualified name: Lightning's key,
-    # so that a resume restores it whichever of the two wrote it.
+    # Checkpoints keep the GradScaler's state under the plugin's qualified name, so Lightning's
+    # here lets a resume restore it whichever of the two plugins wrote it.
     __qualname__ = MixedPrecision.__qualname__
 
     def clip_gradients(

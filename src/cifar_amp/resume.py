@@ -39,7 +39,7 @@ def settings(cfg) -> dict:
 class Record(Callback):
     """Writes the settings a resume must keep, and each tracker's run, into every checkpoint."""
 
-    def __init__(self, settings: dict, loggers: dict, precision) -> None:  # auto: chosen in fit
+    def __init__(self, settings: dict, loggers: dict, precision) -> None:  # its name, at each save
         self.settings, self.loggers, self.precision = settings, loggers, precision
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:

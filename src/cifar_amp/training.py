@@ -55,7 +55,7 @@ def build_run(cfg: DictConfig) -> Run:
     module = build.module(cfg, dm.num_classes, prec.channels_last)
     if resumed:
         resumed.check_fits(module, dm.num_classes)
-    # An extra's callback may refuse the run now, with nothing written (fine-tuning: its weights).
+    # A callback may still refuse the run, or change the weights, while nothing is written.
     for cb in (cb for cb in callbacks if isinstance(cb, seams.BeforeRun)):
         cb.before_run(trainer, module)
     return Run(cfg, prec, trainer, dm, module, resumed)
@@ -87,8 +87,7 @@ def fit(run: Run) -> None:
     trust = run.cfg.trust_checkpoint
     try:
         run.trainer.fit(run.module, run.datamodule, ckpt_path=ckpt, weights_only=not trust)
-    except SIGTERMException:  # the shell's code for a run a signal stopped: 128 + it
-        # (the reliability extra has saved last.ckpt, said how to resume, and knows the code)
+    except SIGTERMException:  # exit as a shell reports a signal, with a StopSignal's code
         said = [cb.exit_code for cb in run.trainer.callbacks if isinstance(cb, seams.StopSignal)]
         raise SystemExit(next(iter(said), 128 + signal.SIGTERM)) from None
     run.fit_seconds = round(time.perf_counter() - start, 3)
@@ -114,7 +113,7 @@ def report(run: Run, test_metrics: dict) -> dict:
     result = runs.write_metrics(
         run.cfg, run.precision.record() | head | best | fitted | test_metrics
     )
-    # The rest, and the sweeps' objective (the tracking extra's TensorBoard: with the config too)
+    # Every logger gets the numbers that fit did not log, a sweep's objective among them.
     numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
     new = {k: v for k, v in numbers.items() if k not in fitted or k == metrics.VAL_ACC_BEST}
     for lg in run.trainer.loggers:

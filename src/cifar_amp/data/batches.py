@@ -65,12 +65,12 @@ class DeviceBatches:
         if draw is None:
             x = self.images[idx].contiguous(memory_format=self.layout).float()
             return x.sub_(self.mean).div_(self.std), self.labels[idx]
-        d = draw.take(idx)  # one gather of whole pixels from the NHWC copy: channels_last already
+        d = draw.take(idx)  # one gather of whole pixels from the NHWC copy, channels_last already
         x = augment.flip_translate(self.images_hwc, idx, d).permute(0, 3, 1, 2)
         x = x.contiguous(memory_format=self.layout).float().sub_(self.mean).div_(self.std)
         return augment.cutout(x, d.cutout, self.augment_cfg.cutout), self.labels[idx]
 
-    # In each checkpoint; Lightning prefetches no sized loader: `position` is the batches trained.
+    # Saved in each checkpoint: Lightning prefetches no sized loader, so `position` is what trained.
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 

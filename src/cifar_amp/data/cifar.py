@@ -71,7 +71,7 @@ class Spec(NamedTuple):
             try:
                 download_and_extract_archive(tv.url, data_dir, filename=tv.filename, md5=tv.tgz_md5)
                 return Path(data_dir) / tv.base_folder
-            except Exception as e:  # URLError, timeouts, checksum mismatch: all mean "no data"
+            except Exception as e:  # a URLError, a timeout or a checksum mismatch all mean no data
                 why = f"the download failed ({type(e).__name__}: {e})"
         how = f"either connect to the internet (it is downloaded into {data_dir}/), or point data.data_dir at a folder that contains {tv.base_folder}/"
         raise UserError(f"no {tv.base_folder}/ found in data.data_dir={data_dir} and {why}: {how}")
@@ -147,7 +147,7 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
             rank=t.global_rank if t else 0,
             world_size=t.world_size if t else 1,
             channels_last=self.channels_last,
-            # overfit_batches: the same batches every epoch (Lightning does it for DataLoaders only)
+            # The same batches every epoch under overfit_batches, as Lightning does for DataLoaders.
             shuffle=not (t and t.overfit_batches),
         )
 

@@ -2,7 +2,7 @@
 
 Lightning's sharding strategies take only their own precision plugins, which they make from the
 Trainer's precision name: under `precision=16-mixed` they would drop `precision.scaler` (Lightning
-refuses the core's plugin under its FSDP; the core refuses it under its DeepSpeed). These
+refuses the core's plugin under its FSDP; the guards extra refuses it under its DeepSpeed). These
 subclasses make their own 16-mixed plugin from `precision.scaler`, and the core builds the
 Trainer with it (seams.StrategyWithFloat16Plugin): FSDP's with a ShardedGradScaler of the same
 settings, DeepSpeed's with its own loss scaler set from them. Its configs/trainer/fsdp.yaml and
