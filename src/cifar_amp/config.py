@@ -1,11 +1,11 @@
 """Schemas from the constructors they configure: a typo or wrong type fails at composition."""
 
-import ast
 import collections
 import dataclasses
 import importlib
 import inspect
 import re
+import runpy
 import secrets
 import types
 import typing
@@ -145,7 +145,8 @@ def _target(path: str, named_in: Path) -> Any:
         # Imported here: errors.py imports Lightning, and Hydra's plugin scan imports this module.
         from cifar_amp.errors import UserError
 
-        users = [p.parent.name for p in sorted(EXTRAS.glob("*/__init__.py")) if gone in _needs(p)]
+        inits = sorted(EXTRAS.glob("*/__init__.py"))  # each says the extras it NEEDS
+        users = [p.parent.name for p in inits if gone in runpy.run_path(str(p)).get("NEEDS", ())]
         who = f"{' and '.join(users)} need it: delete their folders too"
         if not users:  # no extra declares the need, so the config file that names it is named
             who = f"{named_in} names it: delete that file too"
@@ -153,11 +154,3 @@ def _target(path: str, named_in: Path) -> Any:
             f"the {gone} extra is deleted ({EXTRAS / gone} is gone), but {who}, or restore it "
             "(docs/fork.md)"
         ) from None
-
-
-def _needs(init: Path) -> tuple[str, ...]:
-    """An extra's `NEEDS` (the extras it uses), read from its __init__.py without importing it."""
-    for node in ast.parse(init.read_text()).body:
-        if isinstance(node, ast.Assign) and "NEEDS" in [getattr(t, "id", "") for t in node.targets]:
-            return tuple(ast.literal_eval(node.value))
-    return ()

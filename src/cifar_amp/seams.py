@@ -50,21 +50,17 @@ class PrecisionMode(ABC):
     channels_last: bool | None  # NHWC network and batches, decided by setup()
 
     @abstractmethod
-    def trainer_args(self, accelerator, strategy) -> dict:
-        """The Trainer's arguments for it: `precision`, or `plugins`."""
+    def trainer_args(self, accelerator, strategy) -> dict: ...  # `precision`, or `plugins`
 
     @property
     @abstractmethod
-    def autocasts(self) -> bool:
-        """Whether steps may run under autocast."""
+    def autocasts(self) -> bool: ...  # whether steps may run under autocast
 
     @abstractmethod
-    def setup(self, trainer) -> None:
-        """Once the Trainer has chosen its device: TF32, `channels_last`."""
+    def setup(self, trainer) -> None: ...  # for the Trainer's device: TF32, `channels_last`
 
     @abstractmethod
-    def record(self) -> dict:
-        """What metrics.json says of it."""
+    def record(self) -> dict: ...  # what metrics.json says of it
 
 
 class FollowsCheckpoint(ABC):
