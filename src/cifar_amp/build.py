@@ -1,4 +1,5 @@
-"""Each config node built, its errors one line by key; what one part decides for another passes."""
+"""Builds each part of a run from its config node, an error as one line naming the key, and
+passes each part what another decided (num_classes, channels_last, the precision plugin)."""
 
 import inspect
 import logging

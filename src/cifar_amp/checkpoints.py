@@ -1,5 +1,5 @@
-"""Checkpoints, read once per command, as data only (unpickling runs code: trust_checkpoint), and
-checked against the run that starts from one."""
+"""A checkpoint, read once per command and as data only, since unpickling runs code
+(trust_checkpoint lifts that), and checked against the run that starts from it."""
 
 from pathlib import Path
 

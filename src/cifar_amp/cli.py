@@ -1,4 +1,5 @@
-"""Every entry's command line: an override that cannot compose is one line, exit 2; then Hydra."""
+"""Every entry's command line is checked before Hydra runs it, so that an override that cannot
+compose is one line and exit 2."""
 
 import difflib
 import functools

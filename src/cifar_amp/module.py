@@ -148,7 +148,7 @@ class ImageClassifier(HookNameFastPath):
         self._log_epoch("test")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # A resume from an epoch's end starts the next epoch, so its training metrics are saved reset.
+        # A resume from an epoch's end starts the next one, so training metrics are saved reset.
         if self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             copies = (c for c in self.trainer.callbacks if isinstance(c, seams.ModelStateCopy))
             keys = {"state_dict", *(c.model_state_key for c in copies)}

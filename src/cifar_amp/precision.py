@@ -1,4 +1,5 @@
-"""`precision`: the Trainer's plugin (16-mixed: its GradScaler), then layout and TF32 per device."""
+"""The `precision` group's object: the Trainer's precision plugin (16-mixed's with its GradScaler),
+then the layout and TF32 of the device the Trainer chose."""
 
 import logging
 from typing import Annotated, Optional
@@ -18,7 +19,7 @@ NAMES = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 
 
 class Precision(seams.PrecisionMode):
-    """A fixed mode: `name` in every step, its plugin (16-mixed's: with `scaler`), its layout."""
+    """One fixed mode for every step, with its plugin (16-mixed's with `scaler`) and layout."""
 
     def __init__(
         self,

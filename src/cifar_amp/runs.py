@@ -1,5 +1,5 @@
-"""A run's dir is its own (claimed, refused if used unless resuming); what a run writes there:
-config.yaml, metrics.json, the checkpoints' ranking kept on resume."""
+"""A run's dir is its own, claimed, and refused if used unless resuming; what the run keeps there
+is written here: config.yaml, metrics.json, the checkpoints' ranking across a resume."""
 
 import contextlib
 import functools

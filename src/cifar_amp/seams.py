@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 
 class BeforeRun(ABC):
-    """Callback: with all built and nothing written, it may refuse the run or change the weights.
+    """A callback that, with all built and nothing written, may refuse the run or change weights.
     Implemented by: extras/finetune (FineTune), extras/guards (TrainerGuards)."""
 
     @abstractmethod
@@ -42,7 +42,7 @@ class ContinuesRun(ABC):
 
 
 class PrecisionMode(ABC):
-    """`precision`: what the core asks of it, in build.py and training.py. The core's own is
+    """What the core asks of the `precision` object, in build.py and training.py. The core's is
     precision.Precision, one fixed mode; an extra extends that class and overrides these.
     Implemented by: extras/auto_precision (AutoPrecision)."""
 
@@ -72,7 +72,8 @@ class FollowsCheckpoint(ABC):
 
 
 class StrategyWithFloat16Plugin(ABC):
-    """Strategy that takes only its own plugins: under 16-mixed, one of `precision.scaler`.
+    """A strategy that takes only plugins of its own, so under 16-mixed it makes one from the
+    GradScaler settings `precision.scaler`.
     Implemented by: extras/sharding (FSDPStrategy, DeepSpeedStrategy)."""
 
     @abstractmethod
@@ -80,7 +81,7 @@ class StrategyWithFloat16Plugin(ABC):
 
 
 class JobRunner(ABC):
-    """Hydra callback at `hydra.callbacks.job_runner`: cli.job runs each job by `run_job`.
+    """A Hydra callback at `hydra.callbacks.job_runner`, whose `run_job` cli.job runs each job by.
     Implemented by: extras/multirun (SweepJobs)."""
 
     @classmethod
