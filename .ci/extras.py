@@ -286,7 +286,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     every = [p for e in table.values() for p in e.paths]
-    checks = [] if names or deleted_only else [("the core alone (no extras)", every, [])]
+    checks = [] if names or deleted_only else [(check, "the core alone (no extras)", every, [])]
     for name in [] if deleted_only else names or table:
         kept = needed(name, table)
         label = " + ".join(["the core", name, *sorted(kept - {name})])
