@@ -37,7 +37,7 @@ from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from bench import reference_loop, synthetic
-from cifar_amp import config, runs, training
+from cifar_amp import config, training
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MODES = ("32-true", "bf16-mixed", "16-mixed")
@@ -139,7 +139,7 @@ def compose_run(mode: str, data_dir: Path, run_dir: Path, overrides: list[str]):
 def count_lightning(cfg, owners: bool = False) -> Counter:
     counter = Counter(owners)
     run = training.build_run(cfg)
-    with runs.claim(cfg.run_dir, resuming=run.resumed is not None):
+    with training.holding_run_dir(run):
         training.record_config(run)
         with counter.installed(), lightning_steps(counter):
             training.fit(run)

@@ -213,8 +213,8 @@ def plain_loop(cfg, args, traces: Path | None, name: str) -> dict:
     prec = build.precision(cfg)
     trainer = build.trainer(cfg, prec)  # TF32 and the layout for its device
     device = trainer.strategy.root_device
-    dm = gpu.datamodule(cfg, prec.layout, trainer, {})
-    module = build.module(cfg, dm.num_classes, prec.layout)
+    dm = gpu.datamodule(cfg, prec.channels_last, trainer, {})
+    module = build.module(cfg, dm.num_classes, prec.channels_last)
     net = module.net.to(device)
     optimizer = instantiate(module.hparams.optimizer, params=net.parameters())
     windows = Windows(device, args.warmup, args.steps, traces)

@@ -41,7 +41,7 @@ def test_each_option_holds_its_classes_arguments_and_no_other(group):
         if option == "none":
             assert node is None
             continue
-        passed = config.PASSED_BY_BUILD[f"module/{group}"]
+        passed = config.NOT_SETTINGS[f"module/{group}"]
         assert set(node) == {"_target_", *config.arguments(get_class(node._target_))} - {*passed}
 
 

@@ -6,7 +6,7 @@ one), save last.ckpt and print the resume command; a stop on losses that stay in
 NEEDS = ()  # the extras it uses (docs/fork.md); none: it stands alone
 # What `python train.py` loses without it, an extra the default run uses (docs/fork.md).
 DEFAULT_RUN_LOSES = (
-    "atomic checkpoint writes (a kill or a full disk can then tear last.ckpt), the save "
-    "of last.ckpt on SIGTERM/Ctrl+C with the resume command, and the stop on losses that "
-    "stay inf/NaN"
+    "atomic checkpoint and metrics.csv writes (a kill or a full disk can then tear "
+    "last.ckpt), the stop at a window's end and save of last.ckpt on SIGTERM/Ctrl+C with "
+    "the resume command, and the stop on losses that stay inf/NaN"
 )
