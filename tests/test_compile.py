@@ -26,6 +26,7 @@ WHERE = (
 )
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch._dynamo: 4-10 s of the default run
 def test_compiled_artefacts_are_cached_in_the_users_cache_dir(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != compiling.CACHE_ENV}
     env |= {"XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(REPO / "src")}
