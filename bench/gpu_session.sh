@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One lent GPU session (docs/benchmarks-gpu.md, "A GPU session"): where a step's time goes (a
-# torch.profiler trace of the default recipe and of the plain loop), the GPU tests, each file in its
-# own process with tracebacks, side by side, then `make bench-gpu`, every log under $OUT as it goes.
+# torch.profiler trace of the default recipe and of the plain loop, and a checkpoint's stall),
+# the GPU tests, each file in its own process with tracebacks, side by side, then
+# `make bench-gpu`, every log under $OUT as it goes.
 #   bash bench/gpu_session.sh [trace|tests|bench|parts|all]  (from the repository root; default all)
 # The GPU machine has torch, torchvision, lightning and torchmetrics but no Hydra and no network:
 # Hydra's three wheels travel in WHEELS (default .whl/, git-ignored) and go into .bench-site/;
@@ -23,6 +24,9 @@ if [ "${1:-all}" = trace ] || [ "${1:-all}" = all ]; then
   timeout -k 10 "${TRACE_TIMEOUT:-240}" $PY -m bench.trace --device cuda --data-dir "$DATA" \
     --precision "${TRACE_MODES:-32-true,bf16-mixed,16-mixed}" --out "$OUT/trace" \
     2>&1 | tee "$OUT/trace.log"
+  # How long a checkpoint holds up the training thread, on and off it (ResNet-18): ~10 s.
+  timeout -k 10 120 $PY -m bench.checkpoint_stall --device cuda >"$OUT/checkpoint_stall.json" \
+    2>"$OUT/checkpoint_stall.log"
 fi
 
 if [ "${1:-all}" = tests ] || [ "${1:-all}" = all ]; then

@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 
 import lightning as L
 import pytest
@@ -24,8 +25,10 @@ from cifar_amp.extras.reliability import reliability
 from cifar_amp.extras.reliability.reliability import (
     AtomicCheckpointIO,
     AtomicCSVLogger,
+    BackgroundCheckpointIO,
     NonFiniteLossError,
 )
+from cifar_amp.runs import WriteFailed
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
 from test_full_disk import failed_write, one_line_error
@@ -56,11 +59,70 @@ def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temp file left behind
 
 
-def test_trainer_writes_checkpoints_atomically(make_cfg):
+def test_trainer_writes_checkpoints_atomically_on_a_background_thread(make_cfg):
     for precision in ("32-true", "16-mixed"):  # 16-mixed brings its own plugin list
         cfg = make_cfg(f"precision={precision}")
-        trainer = build.trainer(cfg, build.precision(cfg))
-        assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+        io = build.trainer(cfg, build.precision(cfg)).strategy.checkpoint_io
+        assert type(io) is BackgroundCheckpointIO and type(io.checkpoint_io) is AtomicCheckpointIO
+    cfg = make_cfg("trainer/reliability@trainer=sync")
+    assert type(build.trainer(cfg, build.precision(cfg)).strategy.checkpoint_io) is (
+        AtomicCheckpointIO
+    )
+
+
+class Gate:
+    """torch.save that waits for `open` before writing, and notes the thread that wrote."""
+
+    def __init__(self, monkeypatch, fails=lambda obj: False) -> None:
+        self.open, self.threads, real = threading.Event(), [], torch.save
+
+        def save(obj, f, *args, **kwargs):
+            if isinstance(f, io.BufferedWriter):  # a file (not runs._bytes_of's count)
+                assert self.open.wait(10)
+                self.threads.append(threading.current_thread())
+                if fails(obj):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(obj, f, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "save", save)
+
+
+def test_a_background_write_holds_the_weights_as_they_were_when_asked(tmp_path, monkeypatch):
+    gate, w = Gate(monkeypatch), torch.zeros(1000)
+    ckpts = BackgroundCheckpointIO()
+    ckpts.save_checkpoint({"w": w}, tmp_path / "last.ckpt")  # returns before the write
+    w.add_(1)  # the next optimizer step, in place
+    gate.open.set()
+    ckpts.teardown()
+    assert gate.threads and threading.main_thread() not in gate.threads
+    assert torch.equal(
+        torch.load(tmp_path / "last.ckpt", weights_only=True)["w"], torch.zeros(1000)
+    )
+
+
+def test_a_failed_background_write_keeps_the_file_it_was_to_replace_and_stops_once(
+    tmp_path, monkeypatch
+):
+    ckpts = BackgroundCheckpointIO()
+    old, new, last = (
+        tmp_path / n for n in ("best-epoch000.ckpt", "best-epoch001.ckpt", "last.ckpt")
+    )
+    for path in (old, last):
+        ckpts.save_checkpoint({"epoch": 0}, path)
+    ckpts.wait()
+    gate = Gate(monkeypatch, fails=lambda obj: obj["epoch"] == 1)
+    # As ModelCheckpoint asks at a new best: write it, remove the one it replaces, then last.ckpt.
+    ckpts.save_checkpoint({"epoch": 1}, new)
+    ckpts.remove_checkpoint(old)
+    ckpts.save_checkpoint({"epoch": 1}, last)
+    gate.open.set()
+    with pytest.raises(WriteFailed, match=f"cannot write {new}: No space left on device"):
+        ckpts.wait()  # (or the next save, or the end of fit)
+    ckpts.save_checkpoint({"epoch": 2}, last)  # a trainer that goes on writes nothing more
+    ckpts.teardown()  # and one that failed tears down again: said once
+    assert len(gate.threads) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([last.name, old.name])
+    assert torch.load(last, weights_only=True)["epoch"] == 0
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])

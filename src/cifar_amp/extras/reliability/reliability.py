@@ -20,9 +20,10 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from cifar_amp.errors import UserError
 from cifar_amp.runs import WriteFailed, write_atomically, write_text
@@ -53,6 +54,60 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     p.unlink(missing_ok=True)
                     log.warning("Removed %s, left by a checkpoint write that was killed", p)
         write_atomically(Path(path), lambda f: torch.save(checkpoint, f))
+
+
+class BackgroundCheckpointIO(AsyncCheckpointIO):
+    """The atomic writer on a background thread, so that a checkpoint does not stall training:
+    the training thread only copies the tensors (Lightning's AsyncCheckpointIO clones them, a
+    device copy on a GPU) and the thread serialises, writes and fsyncs. Unlike Lightning's, a
+    removal waits behind the writes asked for before it (ModelCheckpoint removes the file a new
+    best replaces right after asking for the new one: removed at once, a failed write of the new
+    one left neither), and after a failed write nothing more is written or removed. The failure
+    is raised on the training thread at the next save or removal, or at the end of fit."""
+
+    def __init__(self, checkpoint_io=None) -> None:
+        super().__init__(checkpoint_io or AtomicCheckpointIO())
+        self._failed = False  # stays set: the files are left as the failure found them
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        self._raise()
+        # A copy taken now: the training thread goes on changing the weights in place.
+        checkpoint = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
+        self._in_turn(self.checkpoint_io.save_checkpoint, checkpoint, path, storage_options)
+
+    def remove_checkpoint(self, path) -> None:
+        self._raise()
+        self._in_turn(self.checkpoint_io.remove_checkpoint, path)
+
+    def _in_turn(self, do, *args) -> None:
+        def run() -> None:
+            if self._error is None and not self._failed:
+                try:
+                    do(*args)
+                except BaseException as e:
+                    self._error = e
+
+        self._ensure_setup()
+        self._executor.submit(run)
+
+    def wait(self) -> None:
+        """Return once every write asked for has landed; raise the failure of one."""
+        if self._executor is not None:
+            self._executor.submit(lambda: None).result()
+        self._raise()
+
+    def teardown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._raise()
+
+    def _raise(self) -> None:
+        # Once: a trainer that fails tears down again, which must not raise it a second time.
+        if (error := self._error) is not None:
+            self._failed = True
+            self._error = None
+            raise error
 
 
 class AtomicCSVLogger(CSVLogger):
@@ -222,6 +277,8 @@ class SaveOnSignal(Callback, StopSignal):
             signum = self.signum or signal.SIGTERM  # another rank's, under DDP
             path = last_checkpoint_path(trainer)
             trainer.save_checkpoint(path)
+            if isinstance(io := trainer.strategy.checkpoint_io, BackgroundCheckpointIO):
+                io.wait()  # "saved" below is then true, and a failed write says so instead
             if self._rank:  # every rank stops at the same step: its log says which
                 log.info("rank %d: stopped at step %d", self._rank, trainer.global_step)
             else:
