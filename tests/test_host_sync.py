@@ -16,6 +16,7 @@ that is not on the allow-list below, which names each remaining one and why.
 
 from __future__ import annotations
 
+import threading
 import traceback
 import warnings
 
@@ -159,6 +160,10 @@ class SyncWatch(L.Callback):
     def _on_warning(self, message, *args, **kwargs) -> None:
         # torch turns the C++ warning into a Python one on return from the call, so the stack
         # here is that of the Python line that made it.
+        # The training thread's only: the checkpoint writer's copies to the host wait on its
+        # own thread (the reliability extra), as the CPU modes above see only this thread.
+        if threading.current_thread() is not threading.main_thread():
+            return
         if str(message).startswith(CUDA_SYNC_WARNING):
             self.found.append((str(message).splitlines()[0], _where()))
 
