@@ -60,6 +60,8 @@ def refusal(capsys, argv: list[str], entry: str = "train") -> str:
         ("model=vgg", ["model", "speednet", "small_cnn"]),
         ("trainer=tpu", ["trainer", "ddp_cpu", "gpu"]),
         ("precision=32-true,fp16", ["precision=fp16", "bf16-true"]),  # a sweep, item by item
+        # Hydra's ValueError ("Config group override must be a string or a list") with a traceback
+        ("module/scheduler=null", ["a config group takes one of its options", "cosine, none"]),
     ],
 )
 def test_unknown_option_exits_2_and_lists_choices(capsys, override, expected):

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import hydra
 import torch.distributed as dist
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
@@ -153,6 +154,11 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
         of = f" ({node['_target_']})" if "_target_" in node else ""
         fail(f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}{of}: {keys}")
     except Exception:  # Hydra reports anything else (syntax, ...) in its own words
+        for arg in argv:  # `group=null`: Hydra's ValueError, with a traceback
+            key, _, value = arg.partition("=")
+            options = GlobalHydra.instance().config_loader().get_group_options(key.lstrip("+"))
+            if value == "null" and options:
+                fail(f"{arg}: a config group takes one of its options; valid: {', '.join(options)}")
         return
     for group in ("sweeper", "launcher") if multirun or cfg.hydra.mode == RunMode.MULTIRUN else ():
         try:  # its package may be missing, which Hydra reports with a traceback once it starts
