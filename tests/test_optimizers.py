@@ -137,3 +137,20 @@ def test_a_module_built_without_an_optimizer_says_so_when_asked_to_train():
     net = {"_target_": "cifar_amp.models.small_cnn.SmallCNN", "width": 4, "hidden": 8}
     with pytest.raises(UserError, match="module.optimizer is not set"):
         ImageClassifier(net, 10).configure_optimizers()
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        # torch.optim's `lr: float | Tensor` is a float in the schema (it was Any: a TypeError
+        # from inside torch once the module was built)
+        (["module.optimizer.lr=abc"], "module.optimizer.lr=abc: Value 'abc' of type 'str'"),
+        (
+            ["module/scheduler=none", "module.scheduler.T_max=3"],
+            "module.scheduler.T_max: module.scheduler is null, which takes no keys; choose one "
+            "with module/scheduler=: cosine, none, one_cycle",
+        ),
+    ],
+)
+def test_a_wrong_type_or_a_key_of_no_schedule_is_one_line(capsys, argv, expected):
+    assert refusal(capsys, argv).startswith(f"error: {expected}")

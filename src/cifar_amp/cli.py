@@ -148,6 +148,11 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
         if source and not bad:  # a key a recipe sets, as experiment=cpu_quick sets model.widths
             option, taker = "=".join(source.groups()), _override_of(argv, parent) or parent
             fail(f"{option} sets {key}, which {taker} does not take; its keys: {keys}")
+        if not valid and parent:  # a null node, as module/scheduler=none leaves it
+            group = parent.replace(".", "/")
+            options = GlobalHydra.instance().config_loader().get_group_options(group)
+            choose = f"; choose one with {group}=: {', '.join(options)}" if options else ""
+            fail(f"{key}: {parent} is null, which takes no keys{choose}")
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f"did you mean {key.removesuffix(name)}{close[0]}? " if close else ""
         node = cause.parent_node if isinstance(cause.parent_node, DictConfig) else {}

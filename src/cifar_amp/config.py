@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
@@ -40,6 +41,9 @@ def _field_type(hint: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint in (int, float, bool, str) or dataclasses.is_dataclass(hint):
         return hint
+    if origin in (typing.Union, types.UnionType) and torch.Tensor in args:
+        # torch.optim's `lr: float | Tensor`: a config can only give the number
+        return _field_type(typing.Union[tuple(a for a in args if a is not torch.Tensor)])
     if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
         inner = _field_type(next(a for a in args if a is not type(None)))
         return Any if inner is Any else Optional[inner]
