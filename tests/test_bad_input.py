@@ -163,8 +163,8 @@ def _cli(tmp_path, *overrides, env=None):
     [
         (["trainer.max_epochs=abc"], "trainer.max_epochs"),
         (
-            ["module.optimizer.lr=-1"],
-            "error: invalid config value for module.optimizer.lr: -1; must be > 0",
+            ["module.optimizer.lr=-1"],  # a float in the schema (torch's float | Tensor)
+            "error: invalid config value for module.optimizer.lr: -1.0; must be > 0",
         ),
         (["ckpt_path=/no/such.ckpt"], "error: ckpt_path=/no/such.ckpt: no such file"),
         (
