@@ -142,19 +142,23 @@ def _target(path: str, named_in: Path) -> Any:
     try:  # importlib, as Hydra's get_object would log an error of its own before ours
         return getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as e:
-        prefix, _, rest = (e.name or "").partition(".extras.")
-        gone = rest.split(".")[0]
-        if prefix != __package__ or not gone or (EXTRAS / gone).is_dir():
+        if (said := deleted_extra(e, named_in)) is None:
             raise
         # Imported here: errors.py imports Lightning, and Hydra's plugin scan imports this module.
         from cifar_amp.errors import UserError
 
-        inits = sorted(EXTRAS.glob("*/__init__.py"))  # each says the extras it NEEDS
-        users = [p.parent.name for p in inits if gone in runpy.run_path(str(p)).get("NEEDS", ())]
-        who = f"{' and '.join(users)} need it: delete their folders too"
-        if not users:  # no extra declares the need, so the config file that names it is named
-            who = f"{named_in} names it: delete that file too"
-        raise UserError(
-            f"the {gone} extra is deleted ({EXTRAS / gone} is gone), but {who}, or restore it "
-            "(docs/fork.md)"
-        ) from None
+        raise UserError(said) from None
+
+
+def deleted_extra(e: ModuleNotFoundError, named_in: Path | None = None) -> str | None:
+    """What to say when `e` is an import of an extra whose folder was deleted, else None."""
+    prefix, _, rest = (e.name or "").partition(".extras.")
+    gone = rest.split(".")[0]
+    if prefix != __package__ or not gone or (EXTRAS / gone).is_dir():
+        return None
+    inits = sorted(EXTRAS.glob("*/__init__.py"))  # each says the extras it NEEDS
+    users = [p.parent.name for p in inits if gone in runpy.run_path(str(p)).get("NEEDS", ())]
+    who = f"{' and '.join(users)} need it: delete their folders too"
+    if not users:  # no extra declares the need, so the file that names it is named
+        who = f"{named_in} names it: delete that file too"
+    return f"the {gone} extra is deleted ({EXTRAS / gone} is gone), but {who}, or restore it (docs/fork.md)"

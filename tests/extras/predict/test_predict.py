@@ -310,3 +310,29 @@ def test_predict_names_what_it_takes_from_the_checkpoint(capsys, override, expec
     err = capsys.readouterr().err
     assert e.value.code == 2 and expected in err and err.count("\n") == 1
     assert "its keys: batch_size, ckpt_path, input, precision" in err
+
+
+def test_predict_py_with_the_images_extra_deleted_is_one_line(tmp_path, monkeypatch, capsys):
+    # As a fork that deleted src/cifar_amp/extras/images and kept predict (it needs images).
+    import runpy
+
+    from cifar_amp import config
+
+    extras = tmp_path / "extras"
+    for d in (p for p in config.EXTRAS.iterdir() if (p / "__init__.py").is_file()):
+        if d.name != "images":
+            (extras / d.name).mkdir(parents=True)
+            shutil.copy(d / "__init__.py", extras / d.name)
+    monkeypatch.setattr(config, "EXTRAS", extras)
+    for name in [m for m in sys.modules if m.startswith("cifar_amp.extras.images.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "cifar_amp.extras.images", None)  # its import fails
+    for name in [m for m in sys.modules if m.startswith("cifar_amp.extras.predict.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delattr(sys.modules["cifar_amp.extras.predict"], "prediction")  # imported again
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO / "predict.py"))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: the images extra is deleted ({extras / 'images'} is gone), ")
+    assert "image_folders and predict need it" in err
