@@ -159,10 +159,13 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
         of = f" ({node['_target_']})" if "_target_" in node else ""
         fail(f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}{of}: {keys}")
     except Exception:  # Hydra reports anything else (syntax, ...) in its own words
-        for arg in argv:  # `group=null`: Hydra's ValueError, with a traceback
-            key, _, value = arg.partition("=")
-            options = GlobalHydra.instance().config_loader().get_group_options(key.lstrip("+"))
-            if value == "null" and options:
+        for arg in (a for a in argv if a.endswith("=null")):  # Hydra's ValueError for a group
+            options = (
+                GlobalHydra.instance()
+                .config_loader()
+                .get_group_options(arg.partition("=")[0].lstrip("+"))
+            )
+            if options:
                 fail(f"{arg}: a config group takes one of its options; valid: {', '.join(options)}")
         return
     for group in ("sweeper", "launcher") if multirun or cfg.hydra.mode == RunMode.MULTIRUN else ():

@@ -7,13 +7,13 @@ import inspect
 import re
 import runpy
 import secrets
+import sys
 import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
@@ -41,9 +41,11 @@ def _field_type(hint: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint in (int, float, bool, str) or dataclasses.is_dataclass(hint):
         return hint
-    if origin in (typing.Union, types.UnionType) and torch.Tensor in args:
-        # torch.optim's `lr: float | Tensor`: a config can only give the number
-        return _field_type(typing.Union[tuple(a for a in args if a is not torch.Tensor)])
+    # torch.optim's `lr: float | Tensor`: a config can only give the number. (torch is looked up,
+    # not imported: Hydra's plugin scan imports this module; a hint naming Tensor imported it.)
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    if origin in (typing.Union, types.UnionType) and tensor is not None and tensor in args:
+        return _field_type(typing.Union[tuple(a for a in args if a is not tensor)])
     if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
         inner = _field_type(next(a for a in args if a is not type(None)))
         return Any if inner is Any else Optional[inner]

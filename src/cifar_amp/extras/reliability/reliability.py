@@ -71,6 +71,8 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         self._raise()
+        if self._failed:  # nothing more is written: no copy to make
+            return
         # A copy taken now: the training thread goes on changing the weights in place.
         checkpoint = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
         self._in_turn(self.checkpoint_io.save_checkpoint, checkpoint, path, storage_options)
