@@ -77,7 +77,7 @@ TYPOS = [
     ),
     (
         "data.augment.fliip=true",
-        "valid keys of data.augment: alternate_flip, cutout, flip, translate",
+        "valid keys of data.augment: alternate_flip, cutmix_alpha, cutout, flip, mixup_alpha, translate",
     ),
     (
         "trainer.max_epochs=abc",
@@ -135,14 +135,13 @@ def test_a_training_override_given_to_eval_gets_one_line_and_exit_2(tmp_path):
         ("module.optimizer.lr=0.1", "eval.py takes the module's settings"),
         ("module/optimizer=adamw", "module/optimizer=adamw: eval.py takes the module's settings"),
         ("experiment=cpu_quick", "experiment=cpu_quick: eval.py takes no experiment (a train"),
-        ("callbacks=none", "callbacks=none: eval.py takes no callbacks"),
         ("test=false", "test=false: eval.py takes no test"),
     ],
 )
 def test_eval_names_what_it_takes_from_the_checkpoint(capsys, override, expected):
     err = refusal(capsys, ["ckpt_path=x.ckpt", override], "eval")
     assert expected in err
-    assert "its keys: ckpt_path, data, logger, precision, run_dir, seed, trainer" in err
+    assert "its keys: callbacks, ckpt_path, data, logger, precision, run_dir, seed, trainer" in err
 
 
 def test_a_recipe_that_sets_keys_another_model_lacks_is_named(capsys):

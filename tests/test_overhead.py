@@ -38,10 +38,51 @@ def test_per_batch_hooks_left_as_no_ops_are_not_called(make_cfg):
     assert counting.on_before_backward is None and counting.on_train_batch_start is None
     assert callable(stock.on_train_batch_start) and stock.on_before_backward is None
     assert callable(counting.setup) and callable(counting.on_train_epoch_end)
-    assert module.on_before_backward is None and callable(module.on_train_batch_end)
+    # The module's step hooks are LightningModule's no-ops: its metrics are a callback's work.
+    assert module.on_before_backward is None and module.on_train_batch_end is None
     assert callable(module.on_validation_batch_end)  # Lightning reads its signature
     assert Counting.ends == trainer.num_training_batches > 1
-    assert metrics.TRAIN_ACC in trainer.callback_metrics  # logged by the module's own hook
+    assert metrics.TRAIN_ACC in trainer.callback_metrics  # logged by LeanModule's callback
+
+
+class Mixin:
+    def on_train_batch_end(self, trainer, *args) -> None:
+        trainer.seen.append("mixin")
+
+
+class FromMixin(Mixin, L.Callback):
+    pass
+
+
+class SetOnTheObject(L.Callback):
+    def __init__(self) -> None:
+        self.on_train_batch_end = lambda trainer, *args: trainer.seen.append("attribute")
+
+
+class ByGetattribute(L.Callback):
+    def __getattribute__(self, name: str):
+        if name == "on_before_zero_grad":
+            return lambda trainer, *args: trainer.seen.append("getattribute")
+        return super().__getattribute__(name)
+
+
+class Static(L.Callback):
+    @staticmethod
+    def on_before_backward(trainer, *args) -> None:
+        trainer.seen.append("static")
+
+
+def test_a_callbacks_own_hook_stays_however_it_provides_it(make_cfg):
+    """SkipUnusedHooks hides only a hook that is the base class's own no-op."""
+    callbacks = [FromMixin(), SetOnTheObject(), ByGetattribute(), Static()]
+    cfg = make_cfg("callbacks=none", "trainer.limit_train_batches=2")
+    trainer = build.trainer(cfg, callbacks=[*callbacks, overhead.SkipUnusedHooks()])
+    trainer.seen = []
+    dm = build.datamodule(cfg)
+    trainer.fit(build.module(cfg, dm.num_classes), datamodule=dm)
+    per_step = ["getattribute", "static", "mixin", "attribute"]  # in Lightning's hook order
+    assert trainer.seen == per_step * 2
+    assert all(c.on_train_batch_start is None for c in callbacks)  # the no-ops: hidden
 
 
 def test_lightning_still_names_the_running_hook_where_the_fast_path_stores_it(make_cfg):
@@ -52,7 +93,7 @@ def test_lightning_still_names_the_running_hook_where_the_fast_path_stores_it(ma
             seen.append(vars(pl_module).get("_current_fx_name"))
 
     fit(make_cfg("callbacks=none", "trainer.limit_train_batches=2"), [Watch()])
-    assert seen == ["on_train_batch_end"] * 2  # Lightning set it, through HookNameFastPath
+    assert seen == ["on_train_batch_end"] * 2  # Lightning set it, through LeanModule's fast path
 
 
 def test_the_learning_rates_in_callback_metrics_stay_on_the_host(make_cfg, monkeypatch):
@@ -88,20 +129,20 @@ def test_the_default_progress_bar_redraws_every_few_steps_and_can_be_swapped(mak
 
 
 def test_the_metrics_take_the_steps_at_a_checkpoint_and_at_epoch_end(make_cfg):
-    # The module keeps each step's loss and predictions on the device and hands them to the
+    # The module keeps each step's loss, logits and targets on the device and hands them to the
     # metrics when a checkpoint is written (state_dict) or the epoch is logged.
     module = build.module(make_cfg(), num_classes=3)
     steps = [  # (loss, logits, targets): batches of 2 and 3 images, 3 of 5 right
         (0.5, [[9, 0, 0], [0, 9, 0]], [0, 0]),
-        (2.0, [[0, 0, 9], [9, 0, 0], [0, 9, 0]], [2, 0, 2]),
-    ]
+        (2.0, [[0, 0, 9], [9, 0, 0], [0, 9, 0]], [[0, 0.2, 0.8], [1, 0, 0], [0.4, 0, 0.6]]),
+    ]  # the second batch's targets are class weights, as mixup makes them: classes 2, 0, 2
     for loss, logits, y in steps:
-        module._pending["train"].append(
-            (torch.tensor(loss), torch.tensor(logits).argmax(-1), torch.tensor(y))
-        )
+        module.track("train", torch.tensor(loss), torch.tensor(logits), torch.tensor(y))
+    assert module.train_acc.update_count == 0  # nothing handed over at a step
     state = module.state_dict()
-    assert not module._pending["train"]
     # per image: 2 x 0.5 + 3 x 2.0 over 5 images
     assert state["train_loss.mean_value"] == pytest.approx(7.0)
     assert state["train_loss.weight"] == 5
     assert module.train_acc.compute() == pytest.approx(3 / 5)
+    module.state_dict()  # a second checkpoint hands over nothing twice
+    assert module.train_loss.weight == 5

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from cifar_amp import build, cli, metrics, seams
 from cifar_amp.evaluation import evaluate
+from cifar_amp.lean_module import EpochMetrics
 from cifar_amp.precision import Autocast
 from cifar_amp.training import build_run, train
 from conftest import deterministic, options
@@ -341,8 +342,8 @@ def test_a_declared_copy_of_the_state_is_saved_with_the_epochs_metrics_reset(mak
     module.train_loss.update(torch.ones(4))
     progress = SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=True))
     loop = SimpleNamespace(epoch_loop=progress)
-    module.trainer = SimpleNamespace(fit_loop=loop, callbacks=[Copy(), Undeclared()])
+    trainer = SimpleNamespace(fit_loop=loop, callbacks=[Copy(), Undeclared()])
     checkpoint = {key: module.state_dict() for key in ("state_dict", "copy", "other")}
-    module.on_save_checkpoint(checkpoint)
+    EpochMetrics().on_save_checkpoint(trainer, module, checkpoint)
     saved = {key: float(state["train_loss.weight"]) for key, state in checkpoint.items()}
     assert saved == {"state_dict": 0.0, "copy": 0.0, "other": 4.0}

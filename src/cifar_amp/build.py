@@ -12,10 +12,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
-from cifar_amp import seams
-from cifar_amp.checkpoints import Checkpoint
+from cifar_amp import config, seams
+from cifar_amp.checkpoints import MODULE_CLASS, Checkpoint
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
-from cifar_amp.module import ImageClassifier
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +152,31 @@ def module(cfg: DictConfig, num_classes: int, channels_last=False):
     return build(cfg.module, "module", recursive=False, net=net, **args)
 
 
-def module_from_checkpoint(ckpt: Checkpoint, **overrides) -> ImageClassifier:
-    """`ckpt`'s LightningModule in eval mode, weights loaded (EMA's: averaged); `overrides` win."""
-    takes = inspect.signature(ImageClassifier).parameters
-    args = {k: v for k, v in ckpt.hparams.items() if k in takes} | overrides
+def module_class(ckpt: Checkpoint) -> type[L.LightningModule]:
+    """The LightningModule class that trained `ckpt`, looked up by the name it records (checked
+    to be a LightningModule before anything of it is called); one line if it is not one here."""
+    path = ckpt.settings.get(MODULE_CLASS)
     try:
-        module = ImageClassifier(**args)
+        cls = config.find_class(path)
+    except (LookupError, ImportError) as e:
+        raise UserError(
+            f"{ckpt.where} was trained by the module {path}, which does not import here ({e}): "
+            "run where its code is importable (on PYTHONPATH, or installed)"
+        ) from None
+    if not (isinstance(cls, type) and issubclass(cls, L.LightningModule)):
+        raise UserError(f"{ckpt.where} names {path} as its module, which is not a LightningModule")
+    return cls
+
+
+def module_from_checkpoint(ckpt: Checkpoint, **overrides) -> L.LightningModule:
+    """`ckpt`'s LightningModule, of the class that trained it, built with its own arguments (the
+    `overrides` it takes win), in eval mode, weights loaded (EMA's: averaged)."""
+    cls = module_class(ckpt)
+    takes = config.arguments(cls)
+    args = {k: v for k, v in ckpt.hparams.items() if k in takes}
+    args |= {k: v for k, v in overrides.items() if k in takes}
+    try:
+        module = cls(**args)
         module.load_state_dict(ckpt.data["state_dict"])
     except InvalidArgument as e:
         raise UserError(f"invalid config value for {e}") from e

@@ -8,6 +8,9 @@ import torch
 from cifar_amp.errors import UserError
 
 SETTINGS = "run_settings"  # the top-level key of what a resume must keep (resume.py writes it)
+MODULE_CLASS = "module._target_"  # the LightningModule's class, of SETTINGS
+# What trained the checkpoints that are older than the record of it.
+TEMPLATE_MODULE = "cifar_amp.module.ImageClassifier"
 
 
 def first_few(items: list[str], n: int = 3) -> str:
@@ -59,7 +62,8 @@ class Checkpoint:
             raise UserError(f"{self.where} is not a Lightning checkpoint (no 'state_dict')")
         self.data, self.hparams = data, data.get("hyper_parameters", {})
         # Older checkpoints have no record; those of 71c3482 hold their classes in hparams.
-        self.settings: dict = trained_by(self.hparams) | data.get(SETTINGS, {})
+        older = trained_by(self.hparams) | {MODULE_CLASS: TEMPLATE_MODULE}
+        self.settings: dict = older | data.get(SETTINGS, {})
 
     def check_settings(self, settings: dict) -> None:
         """Refuse to continue with other settings, naming the first that differs."""
@@ -67,7 +71,8 @@ class Checkpoint:
             if key in settings and settings[key] != theirs:
                 # A class is chosen by a config group's option (module/optimizer=sgd), not typed.
                 group = key.removesuffix("._target_").replace(".", "/")
-                same = f"the {group} it was trained with" if key.endswith("._target_") else None
+                by_option = key.endswith("._target_") and key != MODULE_CLASS
+                same = f"the {group} it was trained with" if by_option else None
                 raise UserError(
                     f"{self.where} was trained with {key}={theirs}; this run asks for "
                     f"{key}={settings[key]}. A resume must keep {', '.join(settings)}: resume "

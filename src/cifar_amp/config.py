@@ -68,6 +68,59 @@ def arguments(target: Any) -> dict[str, tuple[inspect.Parameter, Any, Any]]:
     return out
 
 
+def find_class(path: str) -> Any:
+    """The object at dotted `path` (`package.module.Class`), found by importing its module and
+    nothing else: a path that names nothing is a LookupError in one line, a missing package the
+    ModuleNotFoundError that names it."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        name = ".".join(parts[:i])
+        try:
+            found = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and name.startswith(e.name):
+                continue  # not a module: an attribute of a shorter one, or nothing
+            raise
+        for attr in parts[i:]:
+            if not hasattr(found, attr):
+                raise LookupError(f"{path}: {name} has no {'.'.join(parts[i:])}")
+            found = getattr(found, attr)
+        return found
+    raise LookupError(f"{path}: no such module")
+
+
+def returns(fn: Any) -> Any:
+    """What callable `fn` is annotated to return (None if it says not)."""
+    try:
+        return typing.get_type_hints(fn).get("return")
+    except Exception:  # not a function, or a hint that does not resolve
+        return None
+
+
+def plain(node: Any) -> Any:
+    """`node` (a dict or DictConfig, or None) as plain, resolved data: what a checkpoint keeps."""
+    if node is None:
+        return None
+    return OmegaConf.to_container(OmegaConf.create(node), resolve=True)
+
+
+def checked_node(arg: str, node: Any) -> dict | None:
+    """`node`, a `_target_` node of a constructor's argument `arg` (e.g. the module's optimizer),
+    as plain data, once its class is found and takes each of its keys."""
+    from cifar_amp.errors import InvalidArgument  # errors imports Lightning: see _target
+
+    if node is None:
+        return None
+    if not (isinstance(node, typing.Mapping) and "_target_" in node):
+        raise InvalidArgument(arg, repr(node), f"choose one with module/{arg}=<option>")
+    takes = arguments(find_class(node["_target_"]))
+    if bad := [k for k in node if k not in {"_target_", *takes}]:
+        raise InvalidArgument(
+            f"{arg}.{bad[0]}", node[bad[0]], f"{node['_target_']} takes no {bad[0]}"
+        )
+    return plain(node)
+
+
 def schema(target: Any, exclude: tuple[str, ...] = (), path: str | None = None) -> type:
     """A dataclass of `target`'s keyword arguments, typed, with their defaults (MISSING if none);
     `_target_` is `path` (as a YAML file names the class), unless None: a nested node's."""
@@ -90,6 +143,16 @@ def schema(target: Any, exclude: tuple[str, ...] = (), path: str | None = None) 
     return dataclasses.make_dataclass(f"{getattr(target, '__name__', 'Target')}Schema", columns)
 
 
+def schema_node(target: Any, exclude: tuple[str, ...] = (), path: str | None = None):
+    """`schema(...)` as a config node in which an argument whose default is a mapping (a name ->
+    settings table, such as the module's `metrics`) takes new keys without Hydra's `+`."""
+    cfg = OmegaConf.structured(schema(target, exclude, path))
+    for name, (p, _, _) in arguments(target).items():
+        if name not in exclude and isinstance(p.default, typing.Mapping):
+            OmegaConf.set_struct(cfg[name], False)
+    return cfg
+
+
 @dataclass
 class TrainConfig:
     """The top of `configs/train.yaml`; each part is a `_target_` node built by build.py."""
@@ -110,7 +173,7 @@ class TrainConfig:
 
 
 # The top of `configs/eval.yaml` is train.yaml's (the same Field objects) less fit's own fields.
-FIT_ONLY = ("model", "module", "callbacks", "test", "optimized_metric")
+FIT_ONLY = ("model", "module", "test", "optimized_metric")
 EvalConfig = dataclasses.make_dataclass(
     "EvalConfig", [(f.name, f.type, f) for f in fields(TrainConfig) if f.name not in FIT_ONLY]
 )
@@ -133,7 +196,9 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
             group = "/".join(f.relative_to(root).parts[:-1])  # module/optimizer, else module's
             exclude = NOT_SETTINGS.get(group, NOT_SETTINGS.get(group.split("/")[0], ()))
             for path in SCHEMA_LINE.findall(f.read_text()):
-                cs.store(group="schema", name=path, node=schema(_target(path, f), exclude, path))
+                cs.store(
+                    group="schema", name=path, node=schema_node(_target(path, f), exclude, path)
+                )
     OmegaConf.register_new_resolver("metric", metrics.resolve, replace=True)
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID, replace=True)
 

@@ -1,13 +1,15 @@
-"""Test a checkpoint from a composed config. `eval.py` hands over here."""
+"""Test a checkpoint from a composed config (`eval.py` hands over here), and what a test reports,
+here and at the end of `train.py`."""
 
 from pathlib import Path
 
 import lightning as L
 from omegaconf import DictConfig
 
-from cifar_amp import build, metrics, runs
+from cifar_amp import build, metrics, runs, seams
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
+from cifar_amp.lean_module import LeanModule
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -17,7 +19,8 @@ def evaluate(cfg: DictConfig) -> dict:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
     prec = build.precision(cfg, ckpt)  # a precision that follows a checkpoint takes its mode
-    trainer = build.trainer(cfg, prec, loggers=build.loggers(cfg).values())
+    callbacks, loggers = build.callbacks(cfg), build.loggers(cfg).values()
+    trainer = build.trainer(cfg, prec, callbacks, loggers)
     dm = build.datamodule(cfg, prec.channels_last)
     module = build.module_from_checkpoint(ckpt, channels_last=prec.channels_last)
     ckpt.check_fits(module, dm.num_classes)
@@ -25,8 +28,23 @@ def evaluate(cfg: DictConfig) -> dict:
     trainer.test(module, datamodule=dm)
     path = str(Path(cfg.ckpt_path).resolve())
     return runs.write_metrics(
-        cfg, metrics.tested(trainer) | {metrics.PRECISION: prec.name, "ckpt_path": path}
+        cfg, tested(trainer) | {metrics.PRECISION: prec.name, "ckpt_path": path}
     )
+
+
+def tested(trainer: L.Trainer) -> dict:
+    """What `trainer.test` logged (every `test/` metric), as metrics.json holds it, and each
+    class's accuracy where the module counted them (a LeanModule's confusion matrix)."""
+    out = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")}
+    module = trainer.lightning_module
+    if isinstance(module, LeanModule) and module.confusion is not None:
+        names = seams.class_names(trainer.datamodule, len(module.confusion))
+        right, seen = module.confusion.diagonal(), module.confusion.sum(1)
+        accuracy = (right / seen.clamp_min(1)).tolist()
+        # A class with no test images has no accuracy.
+        per_class = [a if n else None for a, n in zip(accuracy, seen.tolist(), strict=True)]
+        out[metrics.TEST_ACC_PER_CLASS] = dict(zip(names, per_class, strict=True))
+    return out
 
 
 def main(cfg: DictConfig) -> float:

@@ -1,12 +1,21 @@
 """Metric names and metrics.json keys, defined once; YAML names them as ``${metric:NAME}``."""
 
-TRAIN_LOSS = "train/loss"
-TRAIN_ACC = "train/acc"
-VAL_LOSS = "val/loss"
-VAL_ACC = "val/acc"
+LOSS = "loss"  # every stage's, beside the module's configured metrics (module.metrics)
+ACC = "acc"  # the default metric's name (module.ImageClassifier's `metrics`)
+
+
+def key(stage: str, name: str) -> str:  # key("val", "acc") -> "val/acc"
+    return f"{stage}/{name}"
+
+
+TRAIN_LOSS = key("train", LOSS)
+TRAIN_ACC = key("train", ACC)
+VAL_LOSS = key("val", LOSS)
+VAL_ACC = key("val", ACC)
 VAL_ACC_BEST = "val/acc_best"
-TEST_LOSS = "test/loss"
-TEST_ACC = "test/acc"
+TEST_LOSS = key("test", LOSS)
+TEST_ACC = key("test", ACC)
+TEST_ACC_PER_CLASS = "test/acc_per_class"  # {class name: accuracy} in metrics.json
 PRECISION = "precision"  # the mode trained in, the chosen one where the precision chooses
 EPOCHS = "epochs"
 FIT_SECONDS = "fit_seconds"  # wall time of trainer.fit, with its set-up, validation and checkpoints
@@ -19,8 +28,3 @@ def resolve(name: str) -> str:  # ${metric:val_acc} -> "val/acc"
     if name.lower() not in BY_NAME:
         raise ValueError(f"unknown metric {name!r}; known: {', '.join(sorted(BY_NAME))}")
     return BY_NAME[name.lower()]
-
-
-def tested(trainer) -> dict:
-    """What `trainer.test` logged, as metrics.json holds it (train.py's and eval.py's)."""
-    return {k: float(trainer.callback_metrics[k]) for k in (TEST_ACC, TEST_LOSS)}

@@ -8,7 +8,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback
 
 from cifar_amp import seams
-from cifar_amp.checkpoints import SETTINGS, trained_by
+from cifar_amp.checkpoints import MODULE_CLASS, SETTINGS, trained_by
 from cifar_amp.errors import UserError
 
 
@@ -32,8 +32,19 @@ def settings(cfg) -> dict:
         "data.batch_size": cfg.data.get("batch_size"),
         "precision": cfg.precision.name,
         "model._target_": cfg.model["_target_"],
+        MODULE_CLASS: cfg.module["_target_"],
         **trained_by(cfg.module),
     }
+
+
+def keep_fused(cfg, resumed) -> None:
+    """A resume keeps the optimizer kernel it was trained with (`module.optimizer.fused`): the
+    state it loads sets `fused`, but not torch's flag that tells the GradScaler to hand the step
+    its inf flag."""
+    saved = [s["param_groups"][0] for s in resumed.data.get("optimizer_states", [])][:1]
+    optimizer = cfg.module.get("optimizer")
+    if saved and "fused" in saved[0] and optimizer and "fused" in optimizer:
+        optimizer.fused = saved[0]["fused"]
 
 
 class Record(Callback):

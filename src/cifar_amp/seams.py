@@ -13,6 +13,23 @@ class BeforeRun(ABC):
     def before_run(self, trainer, module) -> None: ...
 
 
+class NamesClasses(ABC):
+    """A DataModule that names its classes, in label order: metrics.json's per-class accuracy
+    and the confusion picture say them (the labels' numbers for one that does not).
+    Implemented by: the core's CIFARDataModule, extras/image_folders (ImageFolderDataModule)."""
+
+    @property
+    @abstractmethod
+    def class_names(self) -> list[str]: ...
+
+
+def class_names(datamodule, n: int) -> list[str]:
+    """The names of `datamodule`'s `n` classes, or their numbers."""
+    if isinstance(datamodule, NamesClasses) and len(datamodule.class_names) == n:
+        return list(datamodule.class_names)
+    return [str(i) for i in range(n)]
+
+
 class StopSignal(ABC):
     """Callback that turns a signal into Lightning's graceful stop; the process then exits with
     its `exit_code` (the command: 128 + the signal, the shell's code for it).

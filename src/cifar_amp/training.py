@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from cifar_amp import build, metrics, resume, runs, seams
+from cifar_amp import build, evaluation, metrics, resume, runs, seams
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 
@@ -52,6 +52,8 @@ def build_run(cfg: DictConfig) -> Run:
     callbacks.append(resume.Record(settings, loggers, prec))
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     dm = build.datamodule(cfg, prec.channels_last)
+    if resumed:
+        resume.keep_fused(cfg, resumed)
     module = build.module(cfg, dm.num_classes, prec.channels_last)
     if resumed:
         resumed.check_fits(module, dm.num_classes)
@@ -102,7 +104,7 @@ def test(run: Run) -> dict:
     if not (ckpt := cb and cb.best_model_path):
         log.warning("No best checkpoint (no validation?): testing the final weights")
     run.trainer.test(run.module, run.datamodule, ckpt_path=ckpt or None, weights_only=True)
-    return metrics.tested(run.trainer) | {metrics.TESTED_CKPT: ckpt or None}
+    return evaluation.tested(run.trainer) | {metrics.TESTED_CKPT: ckpt or None}
 
 
 def report(run: Run, test_metrics: dict) -> dict:

@@ -1,9 +1,12 @@
 """Augmentation on the training device, not PIL in loader workers; draws depend on (seed, epoch)."""
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from cifar_amp.errors import InvalidArgument
@@ -17,11 +20,25 @@ class Augment:
     alternate_flip: bool = False  # flip each image in alternate epochs instead of at random
     translate: int = 4  # random shift of up to N pixels (reflect-padded crop); 0 = off
     cutout: int = 0  # side of a random zeroed square per image; 0 = off
+    # Each training batch mixed with itself shifted by one image, as timm and torchvision do:
+    # mixup blends whole images, cutmix pastes a box of the other image; the batch's weight is
+    # drawn from Beta(alpha, alpha), and the targets become class weights in the same shares.
+    # 0 = off; with both on, each batch takes one of the two at even odds.
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value, top in (("translate", self.translate, 16), ("cutout", self.cutout, 32)):
             if not 0 <= value <= top:
                 raise InvalidArgument(f"augment.{name}", value, f"must be in [0, {top}]")
+        for name in ("mixup_alpha", "cutmix_alpha"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise InvalidArgument(f"augment.{name}", value, "must be >= 0 (0 = off)")
+
+    @property
+    def mixes(self) -> bool:
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
 
 class Draw(NamedTuple):
@@ -74,3 +91,46 @@ def flip_translate(images_hwc: Tensor, idx: Tensor, d: Draw) -> Tensor:
     cols = _reflect(torch.where(d.flip[:, None], (w - 1 - ar) - dx, ar + dx), w)  # (B, W)
     flat = (idx[:, None, None] * h + rows[:, :, None]) * w + cols[:, None, :]  # (B, H, W)
     return images_hwc.reshape(-1, c).index_select(0, flat.reshape(-1)).view(len(idx), h, w, c)
+
+
+class Mix(NamedTuple):
+    """One batch's mix: cutmix or mixup, and the share of the batch's own images."""
+
+    cutmix: bool
+    share: float  # of each image itself; the rest is the image before it in the batch
+    box: tuple[int, int, int, int]  # cutmix's pasted box: top, bottom, left, right
+
+
+def mix_draws(batches: int, epoch: int, seed: int, rank: int, cfg: Augment, size: int = 32):
+    """Each batch's Mix for one epoch of `batches` batches, drawn on the host (a few numbers a
+    batch, read by the step without waiting for the device) and keyed like the flips."""
+    rng = np.random.default_rng([seed % 2**32, epoch, rank])
+    both = cfg.mixup_alpha > 0 and cfg.cutmix_alpha > 0
+    cutmix = rng.random(batches) < 0.5 if both else np.full(batches, cfg.cutmix_alpha > 0)
+    alpha = np.where(cutmix, cfg.cutmix_alpha, cfg.mixup_alpha)
+    shares = rng.beta(alpha, alpha)
+    centres = rng.integers(0, size, (batches, 2))
+    out = []
+    for cut, share, (cy, cx) in zip(
+        cutmix.tolist(), shares.tolist(), centres.tolist(), strict=True
+    ):
+        if not cut:
+            out.append(Mix(False, share, (0, 0, 0, 0)))
+            continue
+        half = int(size * math.sqrt(1 - share)) // 2  # a box of 1 - share of the image, clipped
+        box = (max(cy - half, 0), min(cy + half, size), max(cx - half, 0), min(cx + half, size))
+        pasted = (box[1] - box[0]) * (box[3] - box[2]) / size**2
+        out.append(Mix(True, 1 - pasted, box))  # the share that the clipped box leaves
+    return out
+
+
+def mix(x: Tensor, labels: Tensor, num_classes: int, m: Mix) -> tuple[Tensor, Tensor]:
+    """Batch `x` mixed by `m` with itself shifted by one image, and its class weights (N, C)."""
+    weights = F.one_hot(labels, num_classes).float()
+    other = x.roll(1, 0)
+    if m.cutmix:
+        top, bottom, left, right = m.box
+        x[..., top:bottom, left:right] = other[..., top:bottom, left:right]
+    else:
+        x = x.mul_(m.share).add_(other, alpha=1 - m.share)
+    return x, weights.mul_(m.share).add_(weights.roll(1, 0), alpha=1 - m.share)

@@ -24,11 +24,13 @@ class DeviceBatches:
         world_size: int = 1,
         channels_last: bool = False,
         shuffle: bool = True,  # training order; False: the same batches every epoch (overfitting)
+        num_classes: int = 0,  # for the class weights of mixed batches (augment_cfg's mixup)
     ) -> None:
         self.images, self.labels, self.batch_size = images, labels, batch_size
         self.mean, self.std = ((t * 255).to(images.device).view(1, -1, 1, 1) for t in (mean, std))
         self.train, self.augment_cfg, self.seed = train, augment_cfg, seed
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
+        self.num_classes = num_classes
         self.layout = torch.channels_last if channels_last else torch.contiguous_format
         self.images_hwc = images.permute(0, 2, 3, 1).contiguous() if train and augment_cfg else None
         # Lightning calls `sampler.set_epoch` as a DistributedSampler's, and reads `batch_sampler`.
@@ -51,15 +53,23 @@ class DeviceBatches:
         if self.train and self.shuffle:  # equal shards keep DDP ranks in step
             g = augment.epoch_generator(self.seed, self.epoch, dev)
             order = torch.randperm(n, generator=g, device=dev)[: n - n % self.world_size]
-        shard, draw = order[self.rank :: self.world_size], None
+        shard, draw, mixes = order[self.rank :: self.world_size], None, None
         if self.images_hwc is not None:
             draw = augment.draw(n, self.epoch, self.seed, self.augment_cfg, dev)
+            if self.augment_cfg.mixes:
+                size = self.images.shape[-1]
+                cfg = self.augment_cfg
+                mixes = augment.mix_draws(len(self), self.epoch, self.seed, self.rank, cfg, size)
         r, self._resume_at = self._resume_at, None
         resumed = self.train and r and (r["epoch"], r["seed"]) == (self.epoch, self.seed)
         self.position = r["position"] if resumed else 0
         for b in range(self.position, len(self)):
             self.position = b + 1
-            yield self._batch(shard[b * self.batch_size : (b + 1) * self.batch_size], draw)
+            idx = shard[b * self.batch_size : (b + 1) * self.batch_size]
+            x, y = self._batch(idx, draw)
+            if mixes is not None:
+                x, y = augment.mix(x, y, self.num_classes, mixes[b])
+            yield x, y
 
     def _batch(self, idx: Tensor, draw: augment.Draw | None) -> tuple[Tensor, Tensor]:
         if draw is None:

@@ -14,6 +14,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.batches import DeviceBatches, RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
+from cifar_amp.seams import NamesClasses
 
 log = logging.getLogger(__name__)
 AUGMENT = Augment()  # flip + 4-pixel translate
@@ -49,7 +50,24 @@ class Spec(NamedTuple):
     tv: type  # the torchvision class whose url, md5, folder and file names we reuse
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    num_classes: int
+    names: tuple[str, ...]  # the official label names, for folders without a names file
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.names)
+
+    def class_names(self, folder: Path | None) -> list[str]:
+        """The label names of `folder`'s names file (batches.meta), else the official ones."""
+        names, path = list(self.names), folder and folder / self.tv.meta["filename"]
+        try:
+            with open(path, "rb") as f:
+                found = [str(n) for n in pickle.load(f, encoding="latin1")[self.tv.meta["key"]]]
+            names = found if len(found) == self.num_classes else names
+        except (TypeError, FileNotFoundError):  # no folder, no names file: the official names
+            pass
+        except Exception as e:  # only the names are lost
+            log.warning("%s is unreadable (%s); using the official class names", path, e)
+        return names
 
     def files(self, split: str) -> list[str]:
         return [name for name, _ in getattr(self.tv, f"{split}_list")]
@@ -81,13 +99,26 @@ class Spec(NamedTuple):
         return tuple(torch.from_numpy(np.concatenate([p[i] for p in parts])) for i in (0, 1))
 
 
+CIFAR10_NAMES = "airplane automobile bird cat deer dog frog horse ship truck"
+CIFAR100_NAMES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy
+bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach
+couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
+keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain mouse
+mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
+porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail
+snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
+tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm"""
 SPECS = {
-    "cifar10": Spec(CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 10),
-    "cifar100": Spec(CIFAR100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 100),
+    "cifar10": Spec(
+        CIFAR10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), tuple(CIFAR10_NAMES.split())
+    ),
+    "cifar100": Spec(
+        CIFAR100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), tuple(CIFAR100_NAMES.split())
+    ),
 }
 
 
-class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
+class CIFARDataModule(RestoresTrainLoader, LightningDataModule, NamesClasses):
     """CIFAR-10/100 on the training device, with a seeded validation split of the training set."""
 
     def __init__(
@@ -116,6 +147,11 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
         self.val_split, self.seed, self.channels_last = val_split, seed, channels_last
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def class_names(self) -> list[str]:
+        """The label names, from the data folder's names file where it has one."""
+        return self.spec.class_names(self.spec.find(self.data_dir))
 
     def prepare_data(self) -> None:
         self.spec.locate(self.data_dir, self.download)
@@ -149,6 +185,7 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule):
             channels_last=self.channels_last,
             # The same batches every epoch under overfit_batches, as Lightning does for DataLoaders.
             shuffle=not (t and t.overfit_batches),
+            num_classes=self.num_classes,
         )
 
     def train_dataloader(self) -> DeviceBatches:

@@ -20,7 +20,7 @@ from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.data.cifar import SPECS, CIFARDataModule
 from cifar_amp.errors import UserError
 from cifar_amp.extras.predict import prediction
-from cifar_amp.extras.predict.meta import OFFICIAL_NAMES, describe
+from cifar_amp.extras.predict.meta import describe
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
 from cifar_folder import write_cifar_folder
@@ -216,7 +216,7 @@ def test_another_datasets_checkpoint_is_refused(ckpt, tmp_path):
 def test_checkpoints_without_meta(ckpt, test_batch, tmp_path, caplog):
     # Written before data_meta existed (CIFAR-10): its defaults, and a warning that says so.
     rows = run_predict(tmp_path / "legacy", LEGACY_CKPT, test_batch)
-    assert list(rows[0])[4:] == [f"p_{n}" for n in OFFICIAL_NAMES[SPECS["cifar10"].tv]]
+    assert list(rows[0])[4:] == [f"p_{n}" for n in SPECS["cifar10"].names]
     assert (
         "has no data_meta (written before it, or without the predict extra's callbacks): "
         "assuming cifar10's" in caplog.text

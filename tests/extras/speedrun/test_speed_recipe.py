@@ -132,8 +132,8 @@ def test_module_tests_with_tta_and_validates_without_unless_asked():
     seen = []
     module.forward = lambda v: seen.append(len(v)) or module.net(v)
     with torch.no_grad():
-        module._step((x, y), "val")
-        module._step((x, y), "test")
+        module.validation_step((x, y), 0)
+        module.test_step((x, y), 0)
     assert seen == [6, 12]  # val: one view; test: image + mirror in one batch
 
 

@@ -28,6 +28,7 @@ from torchvision.transforms import v2
 from cifar_amp.data.batches import RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_transform
+from cifar_amp.seams import NamesClasses
 
 log = logging.getLogger(__name__)
 # The usual statistics of ImageNet-pretrained networks (timm's, torchvision's), which most
@@ -140,7 +141,7 @@ class Images(Dataset):
             return self.transform(image), label
 
 
-class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
+class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, NamesClasses):
     """Images in class folders; a seeded validation split unless `val_dir` is given."""
 
     def __init__(
@@ -277,13 +278,17 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule):
         return len(self.classes)
 
     @property
+    def class_names(self) -> list[str]:
+        return list(self.classes)
+
+    @property
     def meta(self) -> dict:
         """What a checkpoint needs to classify new images (the predict extra's DescribesData,
         which it writes into each checkpoint): class names and preprocessing; and
         `test_images`, the folder tested on (data_dir where there is no test_dir), on which
         export verifies by default."""
         return {
-            "class_names": list(self.classes),
+            "class_names": self.class_names,
             "mean": list(self.mean),
             "std": list(self.std),
             "image_size": [self.image_size, self.image_size],

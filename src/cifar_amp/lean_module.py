@@ -1,0 +1,183 @@
+"""LeanModule: a LightningModule whose host work per training step is small, so that a fast GPU
+step does not wait for Python (`python -m bench.call_count` counts it). Subclass it as you would
+LightningModule, and in each step hand the loss, the logits and the targets to `self.track()`.
+
+What it does out of sight, so that a subclass's steps and hooks stay its own:
+- The metrics (`metrics`: name -> a torchmetrics class and its arguments) take a stage's steps
+  once an epoch, and at each checkpoint, not at every step: an update per step cost about 200
+  Python calls. They are logged as `<stage>/loss` and `<stage>/<name>` at each epoch's end by
+  `EpochMetrics`, a callback this module brings (`configure_callbacks`), so a subclass that
+  overrides an epoch hook loses nothing.
+- A checkpoint holds the running training metrics, reset where the epoch ended, so a resume
+  from anywhere logs what the uninterrupted run logs.
+- Lightning sets `_current_fx_name` twice at each hook call (36 times a step); it is stored
+  without nn.Module.__setattr__'s checks (six Python calls a set).
+- The test stage also counts a confusion matrix, `confusion` once the test has ended: per-class
+  accuracy in metrics.json, and the curves extra's picture of it."""
+
+from collections.abc import Mapping
+
+import torch
+from lightning import Callback, LightningModule
+from torch import Tensor
+from torchmetrics import MaxMetric, MeanMetric, Metric
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+from cifar_amp import config, metrics, seams
+from cifar_amp.errors import InvalidArgument
+
+STAGES = ("train", "val", "test")
+# A stage's queued logits beyond this many numbers are handed to its metrics before the epoch
+# ends (256 MB of float32): CIFAR never reaches it; a large data set's epoch would.
+QUEUE_LIMIT = 1 << 26
+
+
+def build_metric(name: str, node: Mapping, num_classes: int) -> Metric:
+    """The torchmetrics object of `node` ({"_target_": class, **arguments}); `num_classes` and
+    `validate_args=False` (its checks read the device) filled in where the class takes them.
+    Nothing is called before the class is found to be a torchmetrics Metric."""
+    key = f"metrics.{name}"
+    if not name.isidentifier() or name == metrics.LOSS:
+        raise InvalidArgument(key, repr(name), f"a metric's name is an identifier, not {name!r}")
+    if not isinstance(node, Mapping) or "_target_" not in node:
+        raise InvalidArgument(key, node, "give it a _target_: a torchmetrics class")
+    try:
+        cls = config.find_class(node["_target_"])
+    except LookupError as e:
+        raise InvalidArgument(f"{key}._target_", node["_target_"], f"no such class ({e})") from e
+    if not (isinstance(cls, type) and issubclass(cls, Metric)):
+        raise InvalidArgument(f"{key}._target_", node["_target_"], "not a torchmetrics Metric")
+    takes = config.arguments(cls)
+    if bad := [k for k in node if k != "_target_" and k not in takes]:
+        raise InvalidArgument(f"{key}.{bad[0]}", node[bad[0]], f"{cls.__name__} takes no {bad[0]}")
+    filled = {"num_classes": num_classes, "validate_args": False}
+    args = {k: v for k, v in filled.items() if k in takes} | dict(node)
+    args.pop("_target_")
+    try:
+        return cls(**args)
+    except Exception as e:
+        raise InvalidArgument(key, node["_target_"], f"{type(e).__name__}: {e}") from e
+
+
+class LeanModule(LightningModule):
+    """See the module's doc. `metrics`: name -> {"_target_": a torchmetrics class, arguments};
+    each is computed in every stage on (logits, class indices)."""
+
+    def __init__(self, metrics: Mapping[str, Mapping], num_classes: int) -> None:
+        super().__init__()
+        self.metric_names = list(metrics)
+        for stage in STAGES:
+            setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
+            for name, node in metrics.items():
+                setattr(self, f"{stage}_{name}", build_metric(name, node, num_classes))
+        self.val_acc_best = MaxMetric()  # of val/acc, where `acc` is a metric
+        # Checkpointed: the best score, and the running training metrics for a mid-epoch resume.
+        for name in ("val_acc_best", "train_loss", *(f"train_{n}" for n in self.metric_names)):
+            getattr(self, name).persistent(True)
+        self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
+        self.confusion: Tensor | None = None  # rows: true class, columns: predicted
+        self._queued: dict[str, list] = {stage: [] for stage in STAGES}
+        self._queued_size = dict.fromkeys(STAGES, 0)
+
+    def track(self, stage: str, loss: Tensor, logits: Tensor, targets: Tensor) -> None:
+        """A step's mean `loss`, `logits` (N, C) and `targets`: class indices (N,), or class
+        weights (N, C) such as mixup's, where each row's heaviest class is the one counted."""
+        self._queued[stage].append((loss.detach(), logits.detach(), targets))
+        self._queued_size[stage] += logits.numel()
+        if self._queued_size[stage] > QUEUE_LIMIT:
+            self.update_metrics(stage)
+
+    def stage_metrics(self, stage: str) -> dict[str, Metric]:
+        """`stage`'s metrics by logged name: `<stage>/loss` first."""
+        names = [metrics.LOSS, *self.metric_names]
+        return {metrics.key(stage, n): getattr(self, f"{stage}_{n}") for n in names}
+
+    def update_metrics(self, stage: str) -> None:
+        """Hand `stage`'s queued steps to its metrics."""
+        queued = self._queued[stage]
+        if not queued:
+            return
+        losses, logits, targets = zip(*queued, strict=True)
+        queued.clear()
+        self._queued_size[stage] = 0
+        # One loss per sample: a per-sample epoch mean whatever the batch sizes and ranks.
+        losses = [loss.expand(len(x)) for loss, x in zip(losses, logits, strict=True)]
+        preds = torch.cat(logits).float()
+        labels = torch.cat([t if t.ndim == 1 else t.argmax(-1) for t in targets])
+        getattr(self, f"{stage}_loss").update(torch.cat(losses))
+        for name in self.metric_names:
+            getattr(self, f"{stage}_{name}").update(preds, labels)
+        if stage == "test":
+            self.test_confusion.update(preds, labels)
+
+    def reset_stage(self, stage: str) -> None:
+        """Empty `stage`'s metrics and queue (before its epoch, in the epoch's grad mode)."""
+        self._queued[stage].clear()
+        self._queued_size[stage] = 0
+        for metric in self.stage_metrics(stage).values():
+            metric.reset()
+        if stage == "test":
+            self.test_confusion.reset()
+
+    def log_stage(self, stage: str) -> None:
+        """Log `stage`'s metrics for the epoch: Lightning computes them (synced across ranks)
+        and resets them."""
+        self.update_metrics(stage)
+        for key, metric in self.stage_metrics(stage).items():
+            bar = stage != "train" or key != metrics.TRAIN_LOSS
+            self.log(key, metric, prog_bar=bar, on_step=False, on_epoch=True)
+
+    def state_dict(self, *args, **kwargs):
+        self.update_metrics("train")  # a checkpoint holds the running training metrics
+        return super().state_dict(*args, **kwargs)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def configure_callbacks(self) -> list[Callback]:
+        # Once per Trainer: Lightning asks at each stage, and says when one replaces another.
+        if any(isinstance(c, EpochMetrics) for c in self.trainer.callbacks):
+            return []
+        return [EpochMetrics()]
+
+
+class EpochMetrics(Callback):
+    """LeanModule's epoch work: each stage's metrics logged, the best validation accuracy, the
+    confusion matrix, and the training metrics saved reset at an epoch's end."""
+
+    def on_train_batch_end(self, trainer, module: LeanModule, outputs, batch, batch_idx) -> None:
+        # Not at on_train_epoch_end: the other callbacks' run first there, and they read these.
+        if batch_idx + 1 >= trainer.num_training_batches:
+            module.log_stage("train")
+
+    # Reset in each epoch's grad mode: states made under inference_mode fail under gloo's no_grad.
+    def on_validation_epoch_start(self, trainer, module: LeanModule) -> None:
+        module.reset_stage("val")
+        module.reset_stage("test")
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def on_validation_epoch_end(self, trainer, module: LeanModule) -> None:
+        module.log_stage("val")  # first: it hands val/acc the epoch's steps
+        if not trainer.sanity_checking and metrics.ACC in module.metric_names:
+            module.val_acc_best(module.val_acc.compute())
+            module.log(metrics.VAL_ACC_BEST, module.val_acc_best.compute(), sync_dist=False)
+
+    def on_test_epoch_end(self, trainer, module: LeanModule) -> None:
+        module.log_stage("test")
+        module.confusion = module.test_confusion.compute().cpu()
+
+    def on_save_checkpoint(self, trainer, module: LeanModule, checkpoint: dict) -> None:
+        # A resume from an epoch's end starts the next one, so training metrics are saved reset.
+        if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        copies = (c for c in trainer.callbacks if isinstance(c, seams.ModelStateCopy))
+        keys = checkpoint.keys() & {"state_dict", *(c.model_state_key for c in copies)}
+        for name in ("train_loss", *(f"train_{n}" for n in module.metric_names)):
+            fresh = getattr(module, name).clone()
+            fresh.reset()
+            for key in keys:
+                checkpoint[key].update(fresh.state_dict(prefix=f"{name}."))
