@@ -8,9 +8,11 @@ import errno
 import functools
 import importlib
 import os
+import shutil
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
@@ -110,10 +112,52 @@ def _compose(config_name: str, overrides: tuple[str, ...], return_hydra_config: 
 
 
 @pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory) -> Path:
+def built_once(tmp_path_factory, worker_id):
+    """built_once(name, build) -> a folder that `build(folder)` filled once per pytest run: the
+    first worker to ask builds it under a file lock, every worker then reads it (pytest-xdist's
+    recipe, on the base temp folder the workers share). Tests read it and write elsewhere."""
+    root = tmp_path_factory.getbasetemp()
+    root = root if worker_id == "master" else root.parent
+
+    def get(name: str, build) -> Path:
+        folder = root / f"built-once-{name}"
+        with FileLock(f"{folder}.lock"):
+            if not (folder / ".built").is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                build(folder)
+                (folder / ".built").touch()
+        return folder
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_data(built_once) -> Path:
     from cifar_folder import write_cifar_folder
 
-    return write_cifar_folder(tmp_path_factory.mktemp("cifar"))
+    return built_once("cifar", write_cifar_folder)
+
+
+TOP5 = (  # the issue's command line: top-5 accuracy beside the default accuracy
+    "module.metrics.acc_top5._target_=torchmetrics.classification.MulticlassAccuracy",
+    "module.metrics.acc_top5.top_k=5",
+)
+MARKED = ("module._target_=marked_module.Marked", "+module.note=hello")  # tests/examples/
+
+
+@pytest.fixture(scope="session")
+def marked_run(built_once, tiny_data) -> Path:
+    """The run dir of one tiny epoch of a fork's own module (tests/examples/marked_module.py,
+    with its own argument), with top-5 accuracy and the CSV logger, tested at the end."""
+
+    def make(run_dir: Path) -> None:
+        from cifar_amp.training import train
+
+        data = (f"data.data_dir={tiny_data}", f"run_dir={run_dir}", "logger=csv")
+        train(compose_cfg("train", (*SHRINK, *data, *MARKED, *TOP5)))
+
+    return built_once("marked-run", make)
 
 
 @pytest.fixture
@@ -195,3 +239,15 @@ def options(group: str) -> list[str]:
     """The options of a config group, from the files in configs/<group>/ and the extras'."""
     roots = (CONFIGS, *config.EXTRAS.glob("*/configs"))
     return sorted(p.stem for root in roots for p in (root / group).glob("*.yaml"))
+
+
+def spy(monkeypatch, owner, name: str) -> list:
+    """Record what `owner.<name>` returns, at each call, in the list returned."""
+    returned, real = [], getattr(owner, name)
+
+    def recording(*args, **kwargs):
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(owner, name, recording)
+    return returned

@@ -86,3 +86,67 @@ def test_loader_augments_training_batches_only_when_asked(tiny_data):
     assert (on[0] == 0).flatten(1).sum(
         1
     ).min() >= 3 * 4 * 4  # a cutout hole (the mean) in each image
+
+
+def test_mixup_blends_each_image_with_the_one_before_it_and_so_do_the_targets():
+    x, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 1])
+    m = augment.Mix(cutmix=False, share=0.7, box=(0, 0, 0, 0))
+    mixed, weights = augment.mix(x.clone(), labels, 3, m)
+    assert torch.allclose(mixed, 0.7 * x + 0.3 * x.roll(1, 0))
+    assert torch.allclose(weights[1], torch.tensor([0.3, 0.7, 0.0]))  # 0.7 of itself, 0.3 of 0
+    assert torch.allclose(weights.sum(1), torch.ones(4))
+
+
+def test_cutmix_pastes_the_box_and_weighs_the_targets_by_its_area():
+    x, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    m = augment.Mix(cutmix=True, share=0.75, box=(0, 4, 4, 8))  # a quarter of the image
+    mixed, weights = augment.mix(x.clone(), labels, 4, m)
+    assert torch.equal(mixed[:, :, :4, 4:], x.roll(1, 0)[:, :, :4, 4:])
+    assert torch.equal(mixed[:, :, 4:], x[:, :, 4:]) and torch.equal(mixed[:, :, :, :4], x[..., :4])
+    assert torch.allclose(weights[2], torch.tensor([0.0, 0.25, 0.75, 0.0]))
+
+
+def test_mix_draws_repeat_per_seed_epoch_and_rank_and_take_both_kinds_when_both_are_on():
+    both = AugmentConfig(mixup_alpha=0.2, cutmix_alpha=1.0)
+    a = augment.mix_draws(400, epoch=3, seed=1, rank=0, cfg=both)
+    assert a == augment.mix_draws(400, epoch=3, seed=1, rank=0, cfg=both)
+    assert a != augment.mix_draws(400, epoch=4, seed=1, rank=0, cfg=both)
+    assert a != augment.mix_draws(400, epoch=3, seed=1, rank=1, cfg=both)
+    cut = [m for m in a if m.cutmix]
+    assert 150 < len(cut) < 250  # even odds
+    for m in cut:  # the share is what the (clipped) box leaves of the image
+        top, bottom, left, right = m.box
+        assert m.share == 1 - (bottom - top) * (right - left) / 32**2
+    # Beta(0.2, 0.2) puts most mixup shares near 0 or 1, Beta(1, 1) spreads cutmix's evenly
+    near_ends = [min(m.share, 1 - m.share) < 0.1 for m in a if not m.cutmix]
+    assert sum(near_ends) > 0.5 * len(near_ends)
+    only_mixup = augment.mix_draws(50, 0, 1, 0, AugmentConfig(mixup_alpha=1.0))
+    assert not any(m.cutmix for m in only_mixup)
+
+
+def test_mixed_training_batches_carry_class_weights_and_evaluation_batches_do_not(tiny_data):
+    from cifar_amp.data.cifar import CIFARDataModule
+
+    def loaders(mixup):
+        augment_cfg = AugmentConfig(mixup_alpha=mixup, cutmix_alpha=mixup)
+        dm = CIFARDataModule(
+            data_dir=str(tiny_data), download=False, batch_size=8, augment=augment_cfg
+        )
+        dm.setup()
+        return dm.train_dataloader(), dm.val_dataloader()
+
+    (train, val), (plain_train, plain_val) = loaders(1.0), loaders(0.0)
+    (x, weights), (px, labels) = next(iter(train)), next(iter(plain_train))
+    assert weights.shape == (8, 10) and torch.allclose(weights.sum(1), torch.ones(8))
+    assert torch.equal(weights.argmax(1) == labels, weights.max(1).values >= 0.5)
+    assert not torch.equal(x, px)
+    assert torch.equal(next(iter(val))[1], next(iter(plain_val))[1])  # labels, not weights
+
+
+def test_a_bad_alpha_is_refused():
+    import pytest
+
+    from cifar_amp.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="augment.cutmix_alpha: -1; must be >= 0"):
+        AugmentConfig(cutmix_alpha=-1)

@@ -347,3 +347,19 @@ def test_a_declared_copy_of_the_state_is_saved_with_the_epochs_metrics_reset(mak
     EpochMetrics().on_save_checkpoint(trainer, module, checkpoint)
     saved = {key: float(state["train_loss.weight"]) for key, state in checkpoint.items()}
     assert saved == {"state_dict": 0.0, "copy": 0.0, "other": 4.0}
+
+
+@pytest.mark.parametrize(
+    "mixing", ["data.augment.mixup_alpha=1.0", "data.augment.cutmix_alpha=1.0"]
+)
+def test_mixup_and_cutmix_change_training(make_cfg, tmp_path, mixing):
+    short = ("trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "test=false")
+    plain = train(make_cfg(*short, f"run_dir={tmp_path / 'plain'}"))
+    mixed = train(make_cfg(*short, mixing, f"run_dir={tmp_path / 'mixed'}"))
+    # Soft targets: a higher training loss for the same images and network.
+    assert mixed[metrics.TRAIN_LOSS] > plain[metrics.TRAIN_LOSS]
+    weights = [
+        torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        for run in ("plain", "mixed")
+    ]
+    assert not torch.equal(weights[0]["net.head.3.weight"], weights[1]["net.head.3.weight"])

@@ -37,8 +37,10 @@ def build_metric(name: str, node: Mapping, num_classes: int) -> Metric:
     `validate_args=False` (its checks read the device) filled in where the class takes them.
     Nothing is called before the class is found to be a torchmetrics Metric."""
     key = f"metrics.{name}"
-    if not name.isidentifier() or name == metrics.LOSS:
-        raise InvalidArgument(key, repr(name), f"a metric's name is an identifier, not {name!r}")
+    if name == metrics.LOSS:
+        raise InvalidArgument(key, repr(name), "every stage logs its loss as <stage>/loss already")
+    if not name.isidentifier():
+        raise InvalidArgument(key, repr(name), "a metric's name is a Python identifier")
     if not isinstance(node, Mapping) or "_target_" not in node:
         raise InvalidArgument(key, node, "give it a _target_: a torchmetrics class")
     try:

@@ -127,10 +127,10 @@ def mix_draws(batches: int, epoch: int, seed: int, rank: int, cfg: Augment, size
 def mix(x: Tensor, labels: Tensor, num_classes: int, m: Mix) -> tuple[Tensor, Tensor]:
     """Batch `x` mixed by `m` with itself shifted by one image, and its class weights (N, C)."""
     weights = F.one_hot(labels, num_classes).float()
-    other = x.roll(1, 0)
+    other_x, other_weights = x.roll(1, 0), weights.roll(1, 0)
     if m.cutmix:
         top, bottom, left, right = m.box
-        x[..., top:bottom, left:right] = other[..., top:bottom, left:right]
+        x[..., top:bottom, left:right] = other_x[..., top:bottom, left:right]
     else:
-        x = x.mul_(m.share).add_(other, alpha=1 - m.share)
-    return x, weights.mul_(m.share).add_(weights.roll(1, 0), alpha=1 - m.share)
+        x = x.mul_(m.share).add_(other_x, alpha=1 - m.share)
+    return x, weights.mul_(m.share).add_(other_weights, alpha=1 - m.share)

@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from matplotlib.image import imread
 
 from cifar_amp import metrics
-from cifar_amp.extras.curves import plot
+from cifar_amp.evaluation import evaluate
+from cifar_amp.extras.curves import confusion, plot
 from cifar_amp.training import train
 from conftest import REPO
 from test_full_disk import failed_write, one_line_error
@@ -155,3 +157,15 @@ def test_plot_without_matplotlib_names_its_pip_command_in_one_line(tmp_path, cap
     assert e.value.code == 2 and err.count("\n") == 1 and not (tmp_path / "c.png").exists()
     assert err.startswith("error: this command needs matplotlib, which is not installed here: ")
     assert "pip install 'matplotlib" in err
+
+
+def test_each_test_draws_its_confusion_matrix_with_the_class_names(make_cfg, marked_run, tmp_path):
+    assert imread(marked_run / confusion.PICTURE).shape[0] > 300  # train.py's test
+    last = marked_run / "checkpoints" / "last.ckpt"
+    evaluate(make_cfg(f"ckpt_path={last}", config_name="eval"))
+    assert imread(tmp_path / confusion.PICTURE).shape[0] > 300  # eval.py's
+    matrix = torch.tensor([[3, 1], [0, 4]])
+    ax = confusion.figure(matrix, ["cat", "dog"]).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["cat", "dog"]
+    assert [t.get_text() for t in ax.texts] == ["0.75", "0.25", "0.00", "1.00"]
+    assert ax.get_title() == "test confusion: 8 images, 87.5% right"

@@ -104,3 +104,19 @@ def test_init_from_reads_its_checkpoint_as_data_once(make_cfg, tmp_path, evil_ck
     loads = project_loads(monkeypatch)
     train(make_cfg(f"init_from={good}", f"run_dir={tmp_path / 'y'}"))
     assert loads == [str(good)]
+
+
+def test_init_from_a_forks_own_module_checks_its_class_and_takes_its_weights(
+    make_cfg, marked_run, tmp_path
+):
+    last = marked_run / "checkpoints" / "last.ckpt"
+    cfg = make_cfg(f"init_from={last}")
+    module = build.module(cfg, 10)
+    finetune.FineTune(cfg.init_from).before_run(None, module)
+    saved = torch.load(last, weights_only=True)["state_dict"]
+    assert all(torch.equal(v, saved[f"net.{k}"]) for k, v in module.net.state_dict().items())
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["run_settings"]["module._target_"] = "gone_package.Module"
+    torch.save(ckpt, tmp_path / "gone.ckpt")
+    with pytest.raises(UserError, match="trained by the module gone_package.Module, which does"):
+        finetune.FineTune(str(tmp_path / "gone.ckpt"))

@@ -18,7 +18,7 @@ from cifar_amp.errors import UserError
 from cifar_amp.extras.predict import export
 from cifar_amp.extras.predict.prediction import data_meta, normaliser, read
 from cifar_amp.training import train
-from conftest import REPO, SHRINK, SUBSET, compose_cfg
+from conftest import REPO, SHRINK, SUBSET, compose_cfg, spy
 
 # The export extra's: without it this module skips (collecting it must not fail a test run).
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -256,3 +256,14 @@ def test_export_names_what_it_takes_from_the_checkpoint():
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"model=speednet: {module} takes the network from the checkpoint" in r.stderr
+
+
+def test_export_builds_the_class_that_trained_the_checkpoint(
+    tmp_path, marked_run, real_images, monkeypatch
+):
+    built = spy(monkeypatch, build, "module_from_checkpoint")
+    out = run_export(
+        tmp_path, marked_run / "checkpoints" / "last.ckpt", real_images, "format=torch_export"
+    )
+    assert out.is_file() and type(built[0]).__name__ == "Marked"
+    assert built[0].hparams.note == "hello"

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from cifar_amp import cli
+from cifar_amp import build, cli
 from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.data.cifar import SPECS, CIFARDataModule
 from cifar_amp.errors import UserError
@@ -24,7 +24,7 @@ from cifar_amp.extras.predict.meta import describe
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
 from cifar_folder import write_cifar_folder
-from conftest import CONFIGS, REPO, SHRINK, SUBSET, compose_cfg
+from conftest import CONFIGS, REPO, SHRINK, SUBSET, compose_cfg, spy
 
 LEGACY_CKPT = REPO / "tests" / "assets" / "legacy-last.ckpt"
 PREDICT = ("trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false")
@@ -337,3 +337,12 @@ def test_predict_py_with_the_images_extra_deleted_is_one_line(tmp_path, monkeypa
     assert err.startswith(f"error: the images extra is deleted ({extras / 'images'} is gone), ")
     users = err.partition(" is gone), but ")[2].partition(" need it")[0]
     assert "predict" in users.split(" and ")  # (image_folders too, where it is kept)
+
+
+def test_predict_builds_the_class_that_trained_the_checkpoint(
+    tmp_path, marked_run, test_batch, monkeypatch
+):
+    built = spy(monkeypatch, build, "module_from_checkpoint")
+    rows = run_predict(tmp_path, marked_run / "checkpoints" / "last.ckpt", test_batch)
+    assert len(rows) > 0 and type(built[0]).__name__ == "Marked"
+    assert built[0].hparams.note == "hello"

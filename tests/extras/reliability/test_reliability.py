@@ -335,12 +335,15 @@ def signal_at(batch: int) -> tuple[str, ...]:
 
 
 # 11 training batches an epoch: with 3 a window, steps end at batches 3, 6, 9 and 11 (Lightning
-# steps on an epoch's last batch, whatever its window holds); 3 validation batches of 8.
+# steps on an epoch's last batch, whatever its window holds); 3 validation batches of 8. Mixup
+# and cutmix on (one of the two per batch): their draws must resume exactly too.
 ACCUMULATE = (
     *EXACT,
     "trainer.accumulate_grad_batches=3",
     "trainer.max_epochs=2",
     "data.eval_batch_size=8",
+    "data.augment.mixup_alpha=0.4",
+    "data.augment.cutmix_alpha=1.0",
 )
 
 

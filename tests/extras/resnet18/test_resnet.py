@@ -68,3 +68,20 @@ def test_activation_checkpointing_lowers_peak_cuda_memory():
     assert stages < 0.7 * plain and every < 0.7 * plain, (plain, stages, every)
     # The high-resolution stages are the ones that pay: the last one alone saves little.
     assert stages < 0.85 * plain < late <= 1.05 * plain, (plain, stages, late)
+
+
+def test_the_mixup_recipe_trains_shrunk(make_cfg, tmp_path):
+    """experiment=resnet18_mixup (this extra's), one short epoch: mixed batches, soft targets."""
+    from cifar_amp.training import train
+
+    cfg = make_cfg(
+        "experiment=resnet18_mixup",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+        "data.batch_size=8",
+    )
+    assert cfg.data.augment.mixup_alpha == cfg.data.augment.cutmix_alpha == 1.0
+    result = train(cfg)
+    assert result["train/loss"] > 0 and 0 <= result["test/acc"] <= 1

@@ -10,6 +10,7 @@ import logging
 from lightning import Callback
 from torch import Tensor
 
+from cifar_amp import build
 from cifar_amp.checkpoints import Checkpoint, mismatch
 from cifar_amp.errors import UserError
 from cifar_amp.seams import BeforeRun
@@ -31,10 +32,12 @@ class FineTune(Callback, BeforeRun):
                 "resumes a run exactly (weights, optimizer, schedule, epoch), init_from starts a new "
                 "one from a checkpoint's weights; drop one"
             )
-        # Read when built, so that a bad file stops the run before anything is written.
-        self.source = (
-            Checkpoint(init_from, key="init_from", trust=trust_checkpoint) if init_from else None
-        )
+        # Read when built, so that a bad file stops the run before anything is written; its
+        # module's class, looked up by name, must be a LightningModule here.
+        self.source = None
+        if init_from:
+            self.source = Checkpoint(init_from, key="init_from", trust=trust_checkpoint)
+            build.module_class(self.source)
 
     def before_run(self, trainer, pl_module) -> None:
         """Load the network weights into the built module (training.py calls this before the
