@@ -33,10 +33,9 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
-from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from bench import reference_loop, synthetic
+from bench.compat import EvaluationLoop, TrainingEpochLoop
 from cifar_amp import config, training
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -95,9 +94,9 @@ def _short(path: str) -> str:
 def lightning_steps(counter: Counter):
     """Count from each `advance`'s start to its `on_advance_end`'s end, evaluation paused."""
     advance, end, evaluate = (
-        _TrainingEpochLoop.advance,
-        _TrainingEpochLoop.on_advance_end,
-        _EvaluationLoop.run,
+        TrainingEpochLoop.advance,
+        TrainingEpochLoop.on_advance_end,
+        EvaluationLoop.run,
     )
 
     def counted_advance(self, *args, **kwargs):
@@ -117,13 +116,13 @@ def lightning_steps(counter: Counter):
         finally:
             counter.on = was
 
-    _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end = counted_advance, counted_end
-    _EvaluationLoop.run = paused
+    TrainingEpochLoop.advance, TrainingEpochLoop.on_advance_end = counted_advance, counted_end
+    EvaluationLoop.run = paused
     try:
         yield
     finally:
-        _TrainingEpochLoop.advance, _TrainingEpochLoop.on_advance_end = advance, end
-        _EvaluationLoop.run = evaluate
+        TrainingEpochLoop.advance, TrainingEpochLoop.on_advance_end = advance, end
+        EvaluationLoop.run = evaluate
 
 
 def compose_run(mode: str, data_dir: Path, run_dir: Path, overrides: list[str]):

@@ -466,6 +466,7 @@ def auto_section(ctx: Context, keep) -> dict:
     the table's row checks its choice against the template's own steps in the precision rows."""
     from cifar_amp import build
     from cifar_amp.extras.auto_precision import autoprecision as A
+    from cifar_amp.precision import native
 
     cfg = compose(
         [
@@ -480,7 +481,7 @@ def auto_section(ctx: Context, keep) -> dict:
     dev = trainer.strategy.root_device
     dm = datamodule(cfg, prec.channels_last, trainer, {})
     module = build.module(cfg, dm.num_classes, prec.channels_last)
-    names = A.candidates(dev.type, *A.capabilities(dev))
+    names = A.candidates(dev.type, *native(dev.type))
     batch = next(iter(dm.train_dataloader()))  # as the probe takes it in a run
     start = time.perf_counter()
     clip = (trainer.gradient_clip_val, trainer.gradient_clip_algorithm)  # the run's, as a run's

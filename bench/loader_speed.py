@@ -21,21 +21,10 @@ import time
 import torch
 from torch.utils.data import DataLoader
 from torchvision import transforms
-from torchvision.datasets import CIFAR10
 
+from bench.compat import UncheckedCIFAR10
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.cifar import SPECS, CIFARDataModule
-
-
-class UncheckedCIFAR10(CIFAR10):
-    # torchvision checks each file's md5 against the official archive and refuses any other
-    # folder (the subset has its own checksums); only that check is skipped, so the
-    # per-sample work (__getitem__: PIL image + transforms) is exactly torchvision's.
-    def _check_integrity(self) -> bool:
-        return True
-
-    def _load_meta(self) -> None:  # class names only; a folder may lack batches.meta
-        self.classes = [str(i) for i in range(10)]
 
 
 def epoch_seconds(loader, device: torch.device, epoch: int) -> tuple[float, int]:

@@ -21,6 +21,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from bench import compat
 from cifar_amp import build
 
 MB = 2**20
@@ -87,10 +88,7 @@ def breakdown(cfg: DictConfig, batch_size: int) -> dict[str, float]:
     """MB of the model state (weights, buffers, a gradient per weight, optimizer state: the
     same at any moment of a step) and, at the peak of a training step (the second one, with
     optimizer state), of the activations, activation gradients and batch."""
-    # Private torch tools, used by the benchmark only: no public API traces memory by kind
-    # without allocating it. A torch release that moves them fails here, by name.
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
+    FakeTensorMode, MemTracker = compat.memory_tools()
 
     prec = build.precision(cfg)
     trainer = L.Trainer(

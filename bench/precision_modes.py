@@ -305,7 +305,7 @@ def run(cfg: DictConfig) -> list[dict]:
         if setting != 0:
             case["model"].update(model_args(setting))
         tag = label(setting).replace(" ", "").replace(",", "-")
-        case["run_dir"] = str(out_dir / f"{mode}_{tag}{'' if diagnostics else '_nodiag'}")
+        case["run_dir"] = str(out_dir / f"{mode}_{tag}{'' if diagnostics else '-nodiag'}")
         on = diagnostics and diagnostics_cb
         case["callbacks"] = {"precision_diagnostics": diagnostics_cb} if on else {}
         case = OmegaConf.to_container(OmegaConf.create(case), resolve=True)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
+import compat
 from cifar_amp import build, errors, runs
 from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
@@ -242,9 +243,7 @@ def test_a_missing_package_is_named_with_the_pip_command_of_its_extra(monkeypatc
 
 def test_a_callback_whose_package_is_missing_is_one_line_naming_it(make_cfg, monkeypatch):
     """Lightning's RichProgressBar without rich: the config key, the package, its pip line."""
-    from lightning.pytorch.callbacks.progress import rich_progress
-
-    monkeypatch.setattr(rich_progress, "_RICH_AVAILABLE", False)
+    compat.without_rich(monkeypatch)
     with pytest.raises(UserError) as e:
         build.callbacks(make_cfg("callbacks=[default,rich]"))
     msg = str(e.value)

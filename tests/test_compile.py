@@ -13,10 +13,11 @@ import sys
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
+from cifar_amp import compat as core_compat
 from cifar_amp import compiling, metrics
 from cifar_amp.training import train
+from compat import cuda_graphs_recorded, dynamo_counters, skip_cuda_graph
 from conftest import REPO, SHRINK, requires_cuda
 
 WHERE = (
@@ -54,8 +55,7 @@ class Kept(logging.Handler):
 
 def test_each_reason_torch_gives_for_no_cuda_graph_is_said_once_in_one_line(caplog):
     # Torch's own function and logger, as inductor calls them on CUDA (a stack trace follows).
-    from torch._inductor.cudagraph_utils import cudagraphs_log, log_cudagraph_skip_and_bump_counter
-
+    cudagraphs_log = core_compat.cudagraphs_log()
     mutated = (
         "skipping cudagraphs due to mutated inputs (2 instances). Found from : \n"
         '   File "net.py", line 3, in forward\n    x.add_(1)'
@@ -67,8 +67,8 @@ def test_each_reason_torch_gives_for_no_cuda_graph_is_said_once_in_one_line(capl
     try:
         with caplog.at_level(logging.INFO, logger="cifar_amp.compiling"):
             for _ in range(3):
-                log_cudagraph_skip_and_bump_counter(mutated)
-            log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to cpu device (conv)")
+                skip_cuda_graph(mutated)
+            skip_cuda_graph("skipping cudagraphs due to cpu device (conv)")
             cudagraphs_log.warning("CUDAGraph supports dynamic shapes by recording ...")
     finally:
         cudagraphs_log.removeHandler(torchs)
@@ -85,7 +85,7 @@ def test_each_reason_torch_gives_for_no_cuda_graph_is_said_once_in_one_line(capl
 
 
 def compiled_frames() -> int:
-    return counters["frames"]["total"]
+    return dynamo_counters()["frames"]["total"]
 
 
 SPEED = (
@@ -106,13 +106,13 @@ SPEED = (
 def test_reduce_overhead_trains_the_speed_recipe_on_cpu_says_why_no_graphs_and_resumes(
     make_cfg, tmp_path, caplog
 ):
-    frames, skips = compiled_frames(), counters["inductor"]["cudagraph_skips"]
+    frames, skips = compiled_frames(), dynamo_counters()["inductor"]["cudagraph_skips"]
     with caplog.at_level(logging.INFO, logger="cifar_amp.compiling"):
         result = train(make_cfg(*SPEED, f"run_dir={tmp_path / 'a'}"))
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0 and result[metrics.EPOCHS] == 2
     said = [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
     assert said == ["Compile: reduce-overhead captures CUDA graphs, which need CUDA; none on cpu"]
-    assert counters["inductor"]["cudagraph_skips"] > skips  # torch skipped them, as said
+    assert dynamo_counters()["inductor"]["cudagraph_skips"] > skips  # torch skipped them, as said
     # One graph for training, one for evaluation (BatchNorm in eval mode, no grad): the batch
     # sizes of validation, test, TTA's doubled batches and the partial last batches share it,
     # and test runs under no_grad as validation does (under inference_mode it compiled again).
@@ -152,13 +152,6 @@ def test_a_compiled_network_trains_under_ddp_on_two_cpu_processes(tmp_path, tiny
 ON_GPU = ("trainer=gpu", "model=speednet", "model.widths=[16,32,32]", "data.batch_size=32")
 
 
-def cuda_graphs_recorded() -> bool:
-    # Private: cudagraph trees' manager of device 0 exists once a graph has been captured there.
-    from torch._inductor import cudagraph_trees
-
-    return cudagraph_trees.get_manager(0, create_if_none_exists=False) is not None
-
-
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize(
@@ -175,14 +168,14 @@ def test_cuda_graphs_capture_the_default_recipe_with_no_fallback(make_cfg, caplo
     epoch and the test: no graph runs without CUDA graphs, and none compiles twice."""
     if "bf16" in settings[0] and not torch.cuda.is_bf16_supported():
         pytest.skip("no bfloat16 on this GPU")
-    frames, skips = compiled_frames(), counters["inductor"]["cudagraph_skips"]
+    frames, skips = compiled_frames(), dynamo_counters()["inductor"]["cudagraph_skips"]
     cfg = make_cfg(*ON_GPU, *settings, "module.compile=true", "module.compile_mode=reduce-overhead")
     cfg.trainer.max_epochs = 2
     with caplog.at_level(logging.INFO, logger="cifar_amp.compiling"):
         result = train(cfg)
     assert 0.0 <= result[metrics.TEST_ACC] <= 1.0 and result[metrics.EPOCHS] == 2
     assert not [r.getMessage() for r in caplog.records if "CUDA graph" in r.getMessage()]
-    assert counters["inductor"]["cudagraph_skips"] == skips and cuda_graphs_recorded()
+    assert dynamo_counters()["inductor"]["cudagraph_skips"] == skips and cuda_graphs_recorded()
     assert compiled_frames() - frames == 2
 
 

@@ -12,11 +12,12 @@ import lightning as L
 import pytest
 import torch
 from hydra.utils import get_class
+from torch import nn
 
-from cifar_amp import config
+from cifar_amp import compat, config
 from cifar_amp.errors import UserError
 from cifar_amp.training import build_run, train
-from conftest import compose_cfg, options
+from conftest import compose_cfg, options, spy
 from test_cli import refusal
 
 
@@ -154,3 +155,17 @@ def test_a_module_built_without_an_optimizer_says_so_when_asked_to_train():
 )
 def test_a_wrong_type_or_a_key_of_no_schedule_is_one_line(capsys, argv, expected):
     assert refusal(capsys, argv).startswith(f"error: {expected}")
+
+
+def test_fused_optimizers_handle_unscaling_and_foreach_ones_do_not(monkeypatch):
+    """Lightning's test of it (compat), which the 16-mixed plugin asks before it unscales; and
+    GradScaler.step then hands a fused optimizer the inf flag instead of reading it (.item())."""
+    p = nn.Parameter(torch.ones(3))
+    for fused in (torch.optim.SGD([p], lr=0.1, fused=True), torch.optim.Adam([p], fused=True)):
+        assert compat.optimizer_handles_unscaling(fused)
+    assert not compat.optimizer_handles_unscaling(torch.optim.SGD([p], lr=0.1))
+    scaler, opt = torch.amp.GradScaler("cpu"), torch.optim.SGD([p], lr=0.1, fused=True)
+    scaler.scale(p.sum()).backward()
+    seen = spy(monkeypatch, torch.Tensor, "item")
+    scaler.step(opt)
+    assert not seen and p.grad is not None

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.profilers import SimpleProfiler
 
-from cifar_amp import build, metrics, overhead
+from cifar_amp import build, compat, metrics, overhead
 from cifar_amp.training import build_run
 
 
@@ -90,7 +90,7 @@ def test_lightning_still_names_the_running_hook_where_the_fast_path_stores_it(ma
 
     class Watch(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-            seen.append(vars(pl_module).get("_current_fx_name"))
+            seen.append(vars(pl_module).get(compat.HOOK_NAME))
 
     fit(make_cfg("callbacks=none", "trainer.limit_train_batches=2"), [Watch()])
     assert seen == ["on_train_batch_end"] * 2  # Lightning set it, through LeanModule's fast path
@@ -106,7 +106,7 @@ def test_the_learning_rates_in_callback_metrics_stay_on_the_host(make_cfg, monke
     monkeypatch.setattr(type(trainer.strategy), "root_device", property(lambda s: meta))
     for monitor, device in ((stock, "meta"), (ours, "cpu")):
         trainer.callback_metrics.clear()
-        stats = monitor._extract_stats(trainer, "step")
+        stats = compat.learning_rate_stats(monitor, trainer, "step")
         assert list(stats) == ["lr-SGD"] and isinstance(stats["lr-SGD"], float)
         assert trainer.callback_metrics["lr-SGD"].device.type == device
 

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import compat
 from conftest import REPO, SHRINK
 
 QUICK = (*SHRINK, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false")
@@ -69,7 +70,7 @@ def test_slurm_requeue_is_on_and_may_reuse_its_run_dir(make_cfg, monkeypatch, tm
 
     for k, v in SLURM_ENV.items():
         monkeypatch.setenv(k, v)
-    env = build.trainer(make_cfg())._accelerator_connector.cluster_environment
+    env = compat.accelerator_connector(build.trainer(make_cfg())).cluster_environment
     assert (
         isinstance(env, SLURMEnvironment)
         and env.auto_requeue

@@ -10,7 +10,7 @@ from bench import aggregate
 from cifar_amp import metrics
 from cifar_amp.extras.diagnostics import diagnostics as D
 from cifar_amp.training import train
-from conftest import REPO, make_cfg, tiny_data
+from conftest import REPO, built_once, make_cfg, tiny_data
 
 JOBS = [
     ["precision=32-true", "model.activation_checkpointing=0", "trainer.max_epochs=1"],

@@ -8,7 +8,7 @@ import pytest
 from bench import memory
 from bench import precision_modes as bench
 from cifar_amp.errors import UserError
-from conftest import REPO, SHRINK, compose_cfg, requires_cuda, tiny_data
+from conftest import REPO, SHRINK, built_once, compose_cfg, requires_cuda, tiny_data
 
 TINY = (
     "model=small_cnn",

@@ -14,7 +14,7 @@ from bench import framework, loader_speed, reference_loop
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.module import ImageClassifier
-from conftest import compose_cfg, tiny_data
+from conftest import built_once, compose_cfg, tiny_data
 
 
 def test_reference_loop_reaches_the_same_weights_as_lightning():

@@ -59,8 +59,8 @@ class _CudaGraphSkips(logging.Filter):
 
 
 def _say_cuda_graph_skips() -> None:
-    # Private: inductor's logger of CUDA-graph decisions; tests/test_compile.py fails if it moves.
-    from torch._inductor.cudagraph_utils import cudagraphs_log
+    from cifar_amp import compat  # imports torch, which this module must not at its import
 
+    cudagraphs_log = compat.cudagraphs_log()
     if not any(isinstance(f, _CudaGraphSkips) for f in cudagraphs_log.filters):
         cudagraphs_log.addFilter(_CudaGraphSkips())

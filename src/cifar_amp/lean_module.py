@@ -23,7 +23,7 @@ from torch import Tensor
 from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from cifar_amp import config, metrics, seams
+from cifar_amp import compat, config, metrics, seams
 from cifar_amp.errors import InvalidArgument
 
 STAGES = ("train", "val", "test")
@@ -134,7 +134,7 @@ class LeanModule(LightningModule):
         return super().state_dict(*args, **kwargs)
 
     def __setattr__(self, name: str, value) -> None:
-        if name == "_current_fx_name":
+        if name == compat.HOOK_NAME:
             object.__setattr__(self, name, value)
         else:
             super().__setattr__(name, value)

@@ -5,12 +5,12 @@ Python calls (bench/call_count.py), which a GPU's 16-bit step waits for. And the
 monitor, whose copy of each logged rate onto the device made the host wait for the GPU."""
 
 import contextlib
-from types import SimpleNamespace
 
 import lightning.pytorch.callbacks
-import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.profilers import PassThroughProfiler
+
+from cifar_amp import compat
 
 
 class SkipUnusedHooks(Callback):
@@ -47,21 +47,7 @@ class QuietProfiler(PassThroughProfiler):
         return self._nothing
 
 
-class LearningRateMonitor(lightning.pytorch.callbacks.LearningRateMonitor):
+class LearningRateMonitor(compat.RatesOnHost, lightning.pytorch.callbacks.LearningRateMonitor):
     """Lightning's, with the rates it adds to `callback_metrics` (for EarlyStopping) kept on the
     host: Lightning copies each onto the training device at every logging step, a copy from
-    pageable memory that waits for the GPU. (It overrides the private `_extract_stats`, which
-    tests/test_overhead.py checks.)"""
-
-    def _extract_stats(self, trainer: Trainer, interval: str) -> dict[str, float]:
-        return super()._extract_stats(_OnHost(trainer), interval)
-
-
-class _OnHost:
-    """`trainer`, whose strategy's root device reads as the CPU."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self._trainer, self.strategy = trainer, SimpleNamespace(root_device=torch.device("cpu"))
-
-    def __getattr__(self, name: str):
-        return getattr(self._trainer, name)
+    pageable memory that waits for the GPU (compat.RatesOnHost)."""

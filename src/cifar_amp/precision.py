@@ -5,12 +5,10 @@ import logging
 from typing import Annotated, Optional
 
 import torch
-from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from lightning.pytorch.plugins.precision import MixedPrecision
-from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from cifar_amp import metrics, seams
+from cifar_amp import compat, metrics, seams
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument
 
@@ -28,10 +26,17 @@ class Precision(seams.PrecisionMode):
         scaler: Annotated[Optional[dict], Nested(torch.amp.GradScaler, ("device",))] = None,
         channels_last: Optional[bool] = None,  # NHWC network and batches; null: channels_last_on
         tf32: bool = True,  # float32 convolutions and matmuls on TF32 cores; false: strict IEEE
+        # The mode to train in instead where the device only emulates `name`'s 16-bit type
+        # (`native`: a CPU without bfloat16 instructions runs bf16-mixed about 10x slower than
+        # 32-true), e.g. 32-true; null: `name` on every device.
+        where_emulated: Optional[str] = None,
     ) -> None:
-        if name not in NAMES:
-            raise InvalidArgument("name", repr(name), f"valid: {', '.join(NAMES)}")
+        for arg, value in (("name", name), ("where_emulated", where_emulated or name)):
+            if value not in NAMES:
+                raise InvalidArgument(arg, repr(value), f"valid: {', '.join(NAMES)}")
         self.name, self.tf32, self.channels_last_setting = name, tf32, channels_last
+        self.where_emulated = where_emulated
+        self.asked: str | None = None  # `name` as configured, where the device emulates it
         self.channels_last: bool | None = None  # on the Trainer's device: decided by setup()
         self.scaler = s = dict(scaler or {})  # what it leaves out is torch's default
         for key, ok, rule in (
@@ -43,17 +48,19 @@ class Precision(seams.PrecisionMode):
             if key in s and not ok(s[key]):
                 raise InvalidArgument(f"scaler.{key}", s[key], rule)
 
+    def settle(self, accelerator) -> None:
+        """`where_emulated` instead of `name` where `accelerator`'s device emulates `name`."""
+        if self.where_emulated and self.name != self.where_emulated:
+            if emulated(self.name, compat.accelerator_device(accelerator)):
+                self.asked = self.name
+                self.name = self.where_emulated
+
     def trainer_args(self, accelerator, strategy) -> dict:
         """Under 16-mixed and bf16-mixed our plugin (16-mixed: with `scaler`, which Lightning's
         would drop; both: fused optimizers clipped); else `precision`, for Lightning to make."""
         if not self.autocasts:
             return {"precision": self.name}
-        # Autocast's device, as Lightning's 16-mixed picks it from `trainer.accelerator` (private)
-        if accelerator in (None, "auto"):
-            accelerator = _AcceleratorConnector._choose_auto_accelerator()
-        if accelerator == "gpu":
-            accelerator = _AcceleratorConnector._choose_gpu_accelerator_backend()
-        device = accelerator if accelerator in ("cpu", "mps") else "cuda"
+        device = compat.accelerator_device(accelerator)  # autocast's, as Lightning picks it
         if isinstance(strategy, seams.StrategyWithFloat16Plugin):
             if self.name != "16-mixed":
                 return {"precision": self.name}
@@ -84,13 +91,36 @@ class Precision(seams.PrecisionMode):
         self.channels_last = self.channels_last_on(device.type)
         tf32 = f", TF32 {'on' if self.tf32 else 'off'}" if device.type == "cuda" else ""
         layout = "channels_last" if self.channels_last else "NCHW"
-        log.info(f"Precision: {self.name}, layout {layout}{tf32}")
+        why = ""
+        if self.asked:
+            kind = "bfloat16" if self.asked.startswith("bf16") else "float16"
+            why = f" ({self.asked} asked: this {device.type.upper()} emulates {kind})"
+        elif self.where_emulated:
+            why = f" (native here; {self.where_emulated} where emulated)"
+        log.info(f"Precision: {self.name}{why}, layout {layout}{tf32}")
 
     def plugin(self, device: str, name: str | None = None) -> MixedPrecision:
         """The autocast plugin of mode `name` (default: this one's), 16-mixed or bf16-mixed."""
         name = name or self.name
         scaler = torch.amp.GradScaler(device, **self.scaler) if name == "16-mixed" else None
         return Autocast(name, device, scaler)
+
+
+def native(device_type: str) -> tuple[bool, bool]:
+    """(bfloat16, float16): whether a device of this type here runs each natively, not in an
+    emulation many times slower than float32. CUDA: bfloat16 from Ampere on; CPU: oneDNN's test
+    (bfloat16: AVX512-BF16 or AMX; float16: AVX512-FP16 or AMX-FP16); MPS: float16."""
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False), True
+    if device_type == "cpu":
+        return compat.onednn_native(torch.bfloat16), compat.onednn_native(torch.float16)
+    return False, device_type == "mps"
+
+
+def emulated(name: str, device_type: str) -> bool:
+    """Whether mode `name` computes in a 16-bit type that a `device_type` device emulates."""
+    bf16, fp16 = native(device_type)
+    return (name.startswith("bf16") and not bf16) or (name.startswith("16") and not fp16)
 
 
 class Autocast(MixedPrecision):
@@ -111,17 +141,21 @@ class Autocast(MixedPrecision):
     def clip_gradients(
         self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM
     ):
-        if clip_val > 0 and self.scaler is not None and _optimizer_handles_unscaling(optimizer):
+        if (
+            clip_val > 0
+            and self.scaler is not None
+            and compat.optimizer_handles_unscaling(optimizer)
+        ):
             self.scaler.unscale_(optimizer)
         super(MixedPrecision, self).clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
 
     def optimizer_step(self, optimizer, model, closure, **kwargs):
-        if self.scaler is not None and _optimizer_handles_unscaling(optimizer):
-            _start_momentum(optimizer)
+        if self.scaler is not None and compat.optimizer_handles_unscaling(optimizer):
+            start_momentum(optimizer)
         return super().optimizer_step(optimizer, model, closure, **kwargs)
 
 
-def _start_momentum(optimizer) -> None:
+def start_momentum(optimizer) -> None:
     """torch's fused SGD makes its momentum buffers with `empty_like` at its first step, and
     leaves them unset when the GradScaler skips that step (an overflow, routine at float16's
     first steps): the next step reads whatever the memory held. Zeros instead, once, which with

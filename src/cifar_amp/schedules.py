@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from cifar_amp import compat
 from cifar_amp.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class OneCycleLR(Replanned, torch.optim.lr_scheduler.OneCycleLR):
         step, w, last = self.last_epoch, self.warmup_steps, self.total_steps - 1
         if step > self.total_steps:
             raise ValueError(f"Tried to step {step} times; the schedule has {self.total_steps}")
-        phases = self._schedule_phases  # Private (torch's; no public API): each phase's ends
+        phases = compat.one_cycle_phases(self)  # torch's table of each phase's ends
         ends = [w, 2 * w, last] if len(phases) == 3 else [w, last]  # on whole steps here
         i = min(bisect.bisect_left(ends, step), len(ends) - 1)
         start, end, phase = ends[i - 1] if i else 0, ends[i], phases[i]
@@ -77,10 +78,11 @@ class OneCycleLR(Replanned, torch.optim.lr_scheduler.OneCycleLR):
         pct = 1.0 if end == start else min(1.0, (step - start) / (end - start))
         lrs = []
         for group in self.optimizer.param_groups:
-            lrs.append(self._anneal_func(group[phase["start_lr"]], group[phase["end_lr"]], pct))
+            start, end = group[phase["start_lr"]], group[phase["end_lr"]]
+            lrs.append(compat.one_cycle_anneal(self, start, end, pct))
             if self.cycle_momentum:
                 m_from, m_to = group[phase["start_momentum"]], group[phase["end_momentum"]]
-                m = self._anneal_func(m_from, m_to, pct)
+                m = compat.one_cycle_anneal(self, m_from, m_to, pct)
                 if self.use_beta1:
                     group["betas"] = (m, *group["betas"][1:])
                 else:

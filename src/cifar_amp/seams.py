@@ -79,6 +79,11 @@ class PrecisionMode(ABC):
     @abstractmethod
     def record(self) -> dict: ...  # what metrics.json says of it
 
+    @abstractmethod
+    def settle(
+        self, accelerator
+    ) -> None: ...  # for the Trainer's accelerator, before `name` is read
+
 
 class FollowsCheckpoint(ABC):
     """`precision`, told the mode of the checkpoint a command starts from before its check.

@@ -8,11 +8,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from cifar_amp import compat
 from cifar_amp.errors import InvalidArgument
 
 _STATS = ("running_mean", "running_var", "num_batches_tracked")
-# Private, but the one base of every BatchNorm (1d/2d/3d, SyncBatchNorm, lazy): none is public.
-_BATCH_NORM = nn.modules.batchnorm._BatchNorm
 
 
 class Chain:
@@ -33,7 +32,7 @@ class Chain:
 @contextlib.contextmanager
 def _stats_to_scratch(block: nn.Module | Chain):
     """The recompute's BatchNorm stat updates go to copies: the stats would move twice a step."""
-    bns = [m for m in block.modules() if isinstance(m, _BATCH_NORM) and m.track_running_stats]
+    bns = [m for m in block.modules() if isinstance(m, compat.BATCH_NORM) and m.track_running_stats]
     kept = [(m, k, getattr(m, k)) for m in bns for k in _STATS]
     for m, k, t in kept:
         setattr(m, k, t.clone())

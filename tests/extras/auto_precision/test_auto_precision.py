@@ -182,7 +182,7 @@ def test_a_16_mixed_candidate_whose_first_fused_step_overflows_stays_finite(make
 def test_a_run_uses_what_the_probe_chose_on_faked_capabilities(make_cfg, monkeypatch, caplog):
     """A CPU that (we pretend) has native float16, where 16-mixed is the fastest but its loss
     is not finite: bf16-mixed is chosen, installed and recorded with each candidate's speed."""
-    monkeypatch.setattr(A, "capabilities", lambda device: (True, True))
+    monkeypatch.setattr(A, "native", lambda device_type: (True, True))
     probed = []
 
     def fake_probe(module, batch, names, plugin, device, budget, clip):

@@ -16,12 +16,11 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.strategies.launchers import subprocess_script
 from omegaconf import open_dict
 
 from cifar_amp import cli
 from cifar_amp.errors import UserError
-from cifar_amp.extras.multirun import multirun
+from cifar_amp.extras.multirun import compat, multirun
 from conftest import REPO, SHRINK, compose_cfg
 from test_ddp import run_in_session
 
@@ -100,13 +99,14 @@ def test_sweep_ranks_keep_lightnings_ranks_and_end_them(monkeypatch):
     # OMP_NUM_THREADS here for good, and a later test's forked ranks would then start OpenMP
     # teams that libgomp cannot run after a fork (they hang).
     monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
-    launcher = subprocess_script._SubprocessScriptLauncher(LightningEnvironment(), 1, 1)
     ok = subprocess.Popen([sys.executable, "-c", "pass"])
-    monkeypatch.setattr(launcher, "_call_children_scripts", lambda: launcher.procs.append(ok))
+    launcher = compat.ddp_launcher(LightningEnvironment(), lambda: [ok])
     with multirun.SweepRanks() as ranks:
         assert launcher.launch(lambda: 42) == 42
     assert ranks.procs == [ok] and ok.returncode == 0 and ranks.failed == ""
-    assert subprocess_script._launch_process_observer.__name__ == "_launch_process_observer"
+    restored = compat.swap_process_observer(print)  # SweepRanks put Lightning's back
+    assert restored.__module__.startswith("lightning.")
+    compat.swap_process_observer(restored)
 
 
 def test_sweep_ranks_name_a_failed_rank_and_kill_one_that_does_not_end(monkeypatch):

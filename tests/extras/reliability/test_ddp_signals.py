@@ -15,9 +15,9 @@ import time
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
 from cifar_amp import build
+from cifar_amp.extras.reliability import compat
 from cifar_amp.extras.reliability.reliability import SaveOnSignal
 from cifar_amp.module import ImageClassifier
 from conftest import REPO, SHRINK
@@ -77,8 +77,8 @@ def fit_two_ranks(make_cfg, out, callbacks) -> list[dict]:
 
 def test_lightning_still_broadcasts_its_sigterm_flag_at_every_step(make_cfg, tmp_path):
     """What SaveOnSignal turns off: if a Lightning release stops making this call (or renames
-    the method), this fails, and reliability._no_flag_broadcast_per_step can go."""
-    assert callable(_TrainingEpochLoop._broadcast_sigterm_tensor)
+    the method), this fails, and compat.no_flag_broadcast_per_step can go."""
+    assert compat.lightning_broadcasts_sigterm_flag()
     for rank in fit_two_ranks(make_cfg, tmp_path, []):
         assert rank == {"broadcasts": 11, "batches": 11}
 

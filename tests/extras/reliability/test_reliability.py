@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from cifar_amp import build
 from cifar_amp.errors import reported
-from cifar_amp.extras.reliability import reliability
+from cifar_amp.extras.reliability import compat, reliability
 from cifar_amp.extras.reliability.reliability import (
     AtomicCheckpointIO,
     AtomicCSVLogger,
@@ -253,18 +253,18 @@ def test_stray_temp_files_are_removed_before_the_first_write_in_a_folder(tmp_pat
 
 
 def test_local_path_rule():
-    assert reliability._is_local_path("/runs/a/last.ckpt")
-    assert reliability._is_local_path("file:///a.ckpt")
-    assert not reliability._is_local_path("s3://bucket/last.ckpt")
+    assert compat.is_local_path("/runs/a/last.ckpt")
+    assert compat.is_local_path("file:///a.ckpt")
+    assert not compat.is_local_path("s3://bucket/last.ckpt")
 
 
 def test_sigterm_flag_is_the_one_the_trainer_reads():
     trainer = L.Trainer(
         accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False
     )
-    reliability._set_received_sigterm(trainer, True)
+    compat.set_received_sigterm(trainer, True)
     assert trainer.received_sigterm
-    reliability._set_received_sigterm(trainer, False)
+    compat.set_received_sigterm(trainer, False)
     assert not trainer.received_sigterm
 
 

@@ -8,6 +8,7 @@ import pytest
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+import compat
 from conftest import compose_cfg
 
 # The sweeps extra's: without it this module skips (collecting it must not fail `pytest -m gpu`).
@@ -31,9 +32,7 @@ def sbatch_script(overrides: list[str], folder) -> str:
     )
     base = set(OmegaConf.structured(BaseQueueConf).keys())
     executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
-    return executor._executor._make_submission_file_text(
-        "python -u -m submitit.core._submit x", "0"
-    )
+    return compat.sbatch_script(executor, "python -u -m submitit.core._submit x")
 
 
 @pytest.mark.parametrize("search", [(), ("hparams_search=optuna",)], ids=["grid", "optuna"])

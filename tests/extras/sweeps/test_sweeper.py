@@ -15,6 +15,7 @@ import pytest
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
+from hydra_plugins.cifar_amp_extras.optuna_asktell_sweeper import compat
 from hydra_plugins.cifar_amp_extras.optuna_asktell_sweeper import sweeper as S
 from hydra_plugins.cifar_amp_extras.optuna_asktell_sweeper.trial import PRUNED_AT
 
@@ -87,8 +88,9 @@ def test_only_strings_that_need_quotes_get_them():  # the job summaries show the
 
 
 def job_return(status: JobStatus, value) -> JobReturn:
+    """As Hydra's run_job makes it: the task's value, or what it raised."""
     ret = JobReturn(status=status)
-    ret._return_value = value
+    ret.return_value = value
     return ret
 
 
@@ -119,6 +121,16 @@ def test_each_end_of_a_job_is_recorded(ret, pruned_at, state, reason):
     assert study.trials[0].state == state
     if state == TrialState.PRUNED:  # Optuna keeps the last reported value
         assert study.trials[0].value == 0.25
+
+
+def test_a_job_reopens_its_trial_by_the_id_it_is_given():
+    study = optuna.create_study()
+    study.ask()
+    asked = study.ask()  # the second: its number and its storage id could differ
+    reopened = optuna.trial.Trial(study, compat.trial_id(asked))  # as the job's process does
+    reopened.report(0.5, step=1)
+    assert reopened.number == asked.number == 1
+    assert study.get_trials(deepcopy=False)[1].intermediate_values == {1: 0.5}
 
 
 def test_a_changed_search_space_is_refused():

@@ -65,7 +65,7 @@ def test_the_cpu_search_spends_no_trial_on_float16_autocast():
 def searched_here(monkeypatch, bf16: bool, fp16: bool, *overrides: str, device=None) -> dict:
     """The precision choices hparams_search=optuna searches on a machine whose device has
     native bfloat16 / float16 kernels or not (`device`: the one the trials get, if not asked)."""
-    monkeypatch.setattr(machine, "capabilities", lambda _: (bf16, fp16))
+    monkeypatch.setattr(machine, "native", lambda _: (bf16, fp16))
     if device:
         monkeypatch.setattr(machine, "_device", lambda _: device)
         monkeypatch.setattr(machine.torch.cuda, "get_device_name", lambda: "Tesla V100")
@@ -86,6 +86,15 @@ def test_the_search_leaves_out_the_modes_this_machine_emulates_and_says_so(monke
         "emulates them, many times slower than 32-true). Searching 32-true, bf16-mixed (to "
         "search it anyway, give precision='choice(...)' on the command line)"
     ]
+    caplog.clear()
+    # A CPU without bfloat16 instructions either (an AVX2 CPU): 32-true alone.
+    monkeypatch.setattr(machine, "native", lambda _: (False, False))
+    params = {"precision": "choice(32-true, 16-mixed, bf16-mixed)"}
+    assert machine.fast_here(params, compose_cfg("train", ["trainer=cpu"])) == {
+        "precision": "32-true"
+    }
+    assert "Not searching precision 16-mixed, bf16-mixed: " in caplog.text
+    assert "CPU has no native bfloat16" in caplog.text
     caplog.clear()
     # A CPU with them (AMX-FP16) keeps it; a GPU without bfloat16 leaves bf16-mixed out.
     assert "16-mixed" in searched_here(monkeypatch, True, True, "trainer=cpu")

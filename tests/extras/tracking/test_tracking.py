@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from cifar_amp import build, metrics
 from cifar_amp.errors import UserError
-from cifar_amp.extras.tracking import tracking
+from cifar_amp.extras.tracking import compat, tracking
 from cifar_amp.extras.tracking.tracking import TRACKERS
 from cifar_amp.training import train
 from conftest import REPO, SHRINK, compose_cfg
@@ -125,7 +125,7 @@ def test_mlflow_default_store_is_sqlite_in_logs_and_a_set_uri_wins(tmp_path, mon
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = compose_cfg("train", ["logger=mlflow"])
     logger = instantiate(cfg.logger.mlflow, tags=None)
-    assert logger._tracking_uri == f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}"
+    assert compat.tracking_uri(logger) == f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     cfg = compose_cfg("train", ["logger=mlflow"])
     assert cfg.logger.mlflow.tracking_uri == "http://tracking.example:5000"

@@ -1,12 +1,14 @@
 """`precision=auto`: the fastest precision mode whose loss stays finite, on this device, for
 this network and batch, chosen by a probe when fit starts.
 
-Candidates, by device (`candidates`):
+Candidates, by device (`candidates`), each 16-bit mode only where the device runs its type
+natively (`precision.native`): elsewhere it is emulated, many times slower than float32 (CPU
+bfloat16 10x on an AVX2 CPU, float16 14.6x on the maintainers' CPU), so probing it would only
+spend the budget.
 - CUDA: `32-true` (TF32 as `precision.tf32` says), `bf16-mixed` where the GPU has bfloat16
   (Ampere or newer), `16-mixed`.
-- CPU: `32-true` and `bf16-mixed`; `16-mixed` only where oneDNN has native float16 kernels
-  (AVX512-FP16 / AMX-FP16): elsewhere CPU float16 autocast is emulated, 14.6x slower than
-  float32 on the maintainers' CPU, so probing it would only spend the budget.
+- CPU: `32-true`; `bf16-mixed` where oneDNN has native bfloat16 kernels (AVX512-BF16 / AMX),
+  `16-mixed` where it has native float16 ones (AVX512-FP16 / AMX-FP16).
 - Any other device: `32-true`.
 
 The probe (`probe`) trains a copy of the module per candidate on the first training batch
@@ -46,17 +48,17 @@ from typing import Annotated, Callable, Optional
 
 import torch
 from lightning import Callback, LightningModule
-from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from lightning.pytorch.core.optimizer import _configure_optimizers
 from lightning.pytorch.plugins import precision as plugins
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
 
+from cifar_amp import compat as core_compat
 from cifar_amp.config import Nested
 from cifar_amp.errors import InvalidArgument, UserError
-from cifar_amp.precision import NAMES, Precision, _start_momentum
+from cifar_amp.extras.auto_precision import compat
+from cifar_amp.precision import NAMES, Precision, native, start_momentum
 from cifar_amp.seams import FollowsCheckpoint, PrecisionMode
 
 log = logging.getLogger(__name__)
@@ -86,23 +88,10 @@ class Measured:
 
 def candidates(device_type: str, bf16: bool, fp16: bool) -> list[str]:
     """The modes auto may pick on a device of this type with these capabilities: `bf16` and
-    `fp16`, whether the device runs bfloat16 / float16 natively (CPU: float16 only)."""
-    if device_type == "cuda":
-        return ["32-true", *(["bf16-mixed"] if bf16 else []), "16-mixed"]
-    if device_type == "cpu":
-        return ["32-true", "bf16-mixed", *(["16-mixed"] if fp16 else [])]
-    return ["32-true"]
-
-
-def capabilities(device: torch.device) -> tuple[bool, bool]:
-    """(bf16, fp16) of `device`, for `candidates`."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False), True
-    if device.type == "cpu":
-        # Private: oneDNN's own test for native float16 kernels; no public API says it.
-        native_fp16 = getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: False)
-        return True, bool(native_fp16())
-    return False, False
+    `fp16`, whether the device runs bfloat16 / float16 natively (precision.native)."""
+    if device_type not in ("cuda", "cpu"):
+        return ["32-true"]
+    return ["32-true", *(["bf16-mixed"] if bf16 else []), *(["16-mixed"] if fp16 else [])]
 
 
 def choose(measured: dict[str, Measured]) -> str:
@@ -206,15 +195,15 @@ class _Candidate:
             out = self.module.training_step(self.plugin.convert_input(batch), 0)
         loss = out["loss"] if isinstance(out, dict) else out
         (loss if scaler is None else scaler.scale(loss)).backward()
-        if scaler is not None and not _optimizer_handles_unscaling(optimizer):
+        if scaler is not None and not core_compat.optimizer_handles_unscaling(optimizer):
             scaler.unscale_(optimizer)
         if self.clip_val > 0:  # 16-mixed's plugin unscales a fused optimizer's gradients first
             self.plugin.clip_gradients(optimizer, self.clip_val, self.clip_algorithm)
         if scaler is None:
             optimizer.step()
         else:  # as Autocast.optimizer_step: fused SGD's momentum set before a skipped first step
-            if _optimizer_handles_unscaling(optimizer):
-                _start_momentum(optimizer)
+            if core_compat.optimizer_handles_unscaling(optimizer):
+                start_momentum(optimizer)
             scaler.step(optimizer)
             scaler.update()
         if self.scheduler is not None:
@@ -243,20 +232,19 @@ def _optimizers(module) -> tuple[torch.optim.Optimizer, object]:
         return torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=1e-3), None
     module.trainer = SimpleNamespace(estimated_stepping_batches=10_000)  # what it may ask
     try:
-        # Private: Lightning's reading of configure_optimizers' forms (its own, one place);
-        # tests/extras/auto_precision checks the probe gets the run's optimizer and schedule.
-        optimizers, schedulers, _ = _configure_optimizers(module.configure_optimizers())
+        returned = module.configure_optimizers()
+        optimizers, schedulers = compat.optimizers_and_schedulers(returned)
     finally:
         module.trainer = None
     return optimizers[0], schedulers[0]["scheduler"] if schedulers else None
 
 
 def first_batch(trainer):
-    """The first training batch, on the training device, from a fresh training loader."""
-    dm = trainer.datamodule
-    # Private: where the Trainer keeps loaders given to fit() directly (no DataModule).
-    loader = dm.train_dataloader() if dm is not None else trainer.fit_loop._data_source.dataloader()
-    batch = next(iter(loader))
+    """The first training batch, on the training device, from a fresh training loader of the
+    run's DataModule (train.py always has one)."""
+    if trainer.datamodule is None:
+        raise UserError("precision=auto probes the first batch of a DataModule: fit with one")
+    batch = next(iter(trainer.datamodule.train_dataloader()))
     return move_data_to_device(batch, trainer.strategy.root_device)
 
 
@@ -359,7 +347,7 @@ class Probe(Callback):
             prec.use(trainer, "32-true")
             return
         device = trainer.strategy.root_device
-        names = candidates(device.type, *capabilities(device))
+        names = candidates(device.type, *native(device.type))
         start, batch = time.perf_counter(), first_batch(trainer)
         measured = probe(
             pl_module,

@@ -18,10 +18,12 @@ from collections import Counter, defaultdict
 
 import torch
 from lightning import Callback, LightningModule, Trainer
-from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, FSDPPrecision, MixedPrecision
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
+
+from cifar_amp import compat as core_compat
+from cifar_amp.extras.diagnostics import compat
 
 SCALE = "precision/scale"  # GradScaler scale at epoch end (16-mixed only)
 SKIPPED_STEPS = "precision/skipped_steps"  # steps skipped for inf/nan grads, since fit start
@@ -45,17 +47,6 @@ MEASURED = (PEAK_MEMORY_MB, IMAGES_PER_SEC, TRAIN_SECONDS, COMPILE_SECONDS)
 WARMUP_STEPS = 3
 
 log = logging.getLogger(__name__)
-
-
-def _scale(scaler) -> Tensor | None:
-    # Private: GradScaler's scale as the device tensor it keeps (None before its first use);
-    # the public get_scale() returns a float, a device sync per call.
-    return scaler._scale
-
-
-# Whether the optimizer (fused Adam, AdamW, SGD) unscales inside its own step, so Lightning skips
-# its unscale_: Lightning's own test (private), the one the core's 16-mixed asks too.
-_unscales_in_step = _optimizer_handles_unscaling
 
 
 def peak_rss_mb() -> float:
@@ -205,19 +196,17 @@ class PrecisionDiagnostics(Callback):
         if not grads:
             return
         self._steps += 1
-        # torch.nn.utils.get_total_norm's kernels without its Python: 70 calls a step on 21
-        # tensors (it regroups them by device and dtype and checks each), here three.
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
         scaler = _scaler(trainer)
-        if scaler is not None and _unscales_in_step(optimizer):
+        if scaler is not None and core_compat.optimizer_handles_unscaling(optimizer):
             # These gradients are still scaled (16-mixed unscales them for clipping after this
             # hook: precision.py's Autocast).
-            norm = norm / _scale(scaler)
+            norm = norm / compat.scale(scaler)
         self._norms.append(norm)
         if trainer.gradient_clip_val and trainer.gradient_clip_algorithm == "value":
             self._value_norms.append(torch.nn.utils.get_total_norm(grads, float("inf")))
-        if scaler is not None and _scale(scaler) is not None:
-            self._scale_before = _scale(scaler).clone()
+        if scaler is not None and compat.scale(scaler) is not None:
+            self._scale_before = compat.scale(scaler).clone()
 
     def _params(self, optimizer) -> list[Tensor]:
         # The optimizer's parameters, listed again only when it or its groups change (fine-tuning
@@ -239,7 +228,7 @@ class PrecisionDiagnostics(Callback):
             self._clock.start(self._device)
         if self._scale_before is not None:
             # GradScaler.update() lowers the scale exactly when the step was skipped for inf/nan.
-            self._skipped += _scale(trainer.precision_plugin.scaler) < self._scale_before
+            self._skipped += compat.scale(trainer.precision_plugin.scaler) < self._scale_before
             self._scale_before = None
 
     # -- validation (and the checkpoints after it) inside fit is not training time -------------
@@ -268,8 +257,8 @@ class PrecisionDiagnostics(Callback):
                     changed = norms + 1e-6 > clip
                 log(CLIP_FRACTION, (changed & finite).sum() / self._steps)
         scaler = _scaler(trainer)
-        if scaler is not None and _scale(scaler) is not None:
-            log(SCALE, _scale(scaler).float().reshape(()))
+        if scaler is not None and compat.scale(scaler) is not None:
+            log(SCALE, compat.scale(scaler).float().reshape(()))
             log(SKIPPED_STEPS, self._skipped)
         cuda = self._device.type == "cuda"
         log(

@@ -32,11 +32,11 @@ from hydra.types import RunMode
 # Private name of Lightning's (SweepRanks replaces it during a sweep job; tests/extras/multirun/test_multirun.py
 # checks that Lightning still calls it): lightning.pytorch.strategies.launchers.subprocess_script.
 # _launch_process_observer, the thread that watches the ranks `ddp` starts.
-from lightning.pytorch.strategies.launchers import subprocess_script as _launcher
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from cifar_amp.cli import end_process_group
 from cifar_amp.errors import EXIT_CODE, REPORTED, one_line, reported
+from cifar_amp.extras.multirun import compat
 from cifar_amp.seams import JobRunner
 
 log = logging.getLogger(__name__)
@@ -126,12 +126,11 @@ class SweepRanks:
         self.failed = ""
 
     def __enter__(self) -> SweepRanks:
-        self._observe = _launcher._launch_process_observer
-        _launcher._launch_process_observer = self.procs.extend
+        self._observe = compat.swap_process_observer(self.procs.extend)
         return self
 
     def __exit__(self, *exc) -> None:
-        _launcher._launch_process_observer = self._observe
+        compat.swap_process_observer(self._observe)
         end_process_group()  # a rank > 0 still waiting on this one fails now
         deadline = time.monotonic() + RANK_GRACE_S
         for rank, proc in enumerate(self.procs, start=1):

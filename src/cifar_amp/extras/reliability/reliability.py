@@ -11,21 +11,22 @@ import shlex
 import signal
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from cifar_amp.errors import UserError
+from cifar_amp.extras.reliability import compat
 from cifar_amp.runs import WriteFailed, write_atomically, write_text
 from cifar_amp.seams import StopSignal
 
@@ -44,7 +45,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     _cleaned: set[Path] = set()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        if storage_options is not None or not _is_local_path(path):
+        if storage_options is not None or not compat.is_local_path(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         folder = Path(path).parent
         if folder not in self._cleaned:  # once, before the first write (the run dir is locked)
@@ -56,59 +57,68 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         write_atomically(Path(path), lambda f: torch.save(checkpoint, f))
 
 
-class BackgroundCheckpointIO(AsyncCheckpointIO):
+class BackgroundCheckpointIO(CheckpointIO):
     """The atomic writer on a background thread, so that a checkpoint does not stall training:
-    the training thread only copies the tensors (Lightning's AsyncCheckpointIO clones them, a
-    device copy on a GPU) and the thread serialises, writes and fsyncs. Unlike Lightning's, a
-    removal waits behind the writes asked for before it (ModelCheckpoint removes the file a new
-    best replaces right after asking for the new one: removed at once, a failed write of the new
-    one left neither), and after a failed write nothing more is written or removed. The failure
-    is raised on the training thread at the next save or removal, or at the end of fit."""
+    the training thread only copies the tensors (a device copy on a GPU) and the thread
+    serialises, writes and fsyncs. Unlike Lightning's AsyncCheckpointIO, a removal waits behind
+    the writes asked for before it (ModelCheckpoint removes the file a new best replaces right
+    after asking for the new one: removed at once, a failed write of the new one left neither),
+    and after a failed write nothing more is written or removed. The failure is raised on the
+    training thread at the next save or removal, or at the end of fit."""
 
-    def __init__(self, checkpoint_io=None) -> None:
-        super().__init__(checkpoint_io or AtomicCheckpointIO())
-        self._failed = False  # stays set: the files are left as the failure found them
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        self.checkpoint_io = checkpoint_io or AtomicCheckpointIO()
+        self.writer: ThreadPoolExecutor | None = None  # one thread, started at the first write
+        self.error: BaseException | None = None  # a write's, for the training thread to raise
+        self.failed = False  # stays set: the files are left as the failure found them
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        self._raise()
-        if self._failed:  # nothing more is written: no copy to make
+        self.raise_failure()
+        if self.failed:  # nothing more is written: no copy to make
             return
         # A copy taken now: the training thread goes on changing the weights in place.
         checkpoint = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
-        self._in_turn(self.checkpoint_io.save_checkpoint, checkpoint, path, storage_options)
+        self.in_turn(self.checkpoint_io.save_checkpoint, checkpoint, path, storage_options)
+
+    def load_checkpoint(self, *args, **kwargs) -> dict[str, Any]:
+        return self.checkpoint_io.load_checkpoint(*args, **kwargs)
 
     def remove_checkpoint(self, path) -> None:
-        self._raise()
-        self._in_turn(self.checkpoint_io.remove_checkpoint, path)
+        self.raise_failure()
+        self.in_turn(self.checkpoint_io.remove_checkpoint, path)
 
-    def _in_turn(self, do, *args) -> None:
+    def in_turn(self, do, *args) -> None:
+        """Run `do(*args)` on the writer thread, after what was asked of it before."""
+
         def run() -> None:
-            if self._error is None and not self._failed:
+            if self.error is None and not self.failed:
                 try:
                     do(*args)
                 except BaseException as e:
-                    self._error = e
+                    self.error = e
 
-        self._ensure_setup()
-        self._executor.submit(run)
+        if self.writer is None:
+            self.writer = ThreadPoolExecutor(max_workers=1)
+        self.writer.submit(run)
 
     def wait(self) -> None:
         """Return once every write asked for has landed; raise the failure of one."""
-        if self._executor is not None:
-            self._executor.submit(lambda: None).result()
-        self._raise()
+        if self.writer is not None:
+            self.writer.submit(lambda: None).result()
+        self.raise_failure()
 
     def teardown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        self._raise()
+        if self.writer is not None:
+            self.writer.shutdown(wait=True)
+            self.writer = None
+        self.raise_failure()
 
-    def _raise(self) -> None:
+    def raise_failure(self) -> None:
         # Once: a trainer that fails tears down again, which must not raise it a second time.
-        if (error := self._error) is not None:
-            self._failed = True
-            self._error = None
+        error = self.error
+        if error is not None:
+            self.failed = True
+            self.error = None
             raise error
 
 
@@ -144,11 +154,6 @@ class AtomicCSVLogger(CSVLogger):
             if status != "failed":
                 raise
             log.warning("%s", e)  # the run failed of something else: that is the error to name
-
-
-def _is_local_path(path) -> bool:
-    # No fsspec protocol such as s3://, by Lightning's own (private) rule.
-    return _is_local_file_protocol(path)
 
 
 # -- SIGTERM (preemption, scancel, kill) and Ctrl+C --------------------------------------------
@@ -189,7 +194,7 @@ class SaveOnSignal(Callback, StopSignal):
         self._fresh()
         self._before = {s: signal.signal(s, self._handle) for s in SIGNALS}
         if self._ranks > 1:
-            _no_flag_broadcast_per_step(trainer)
+            compat.no_flag_broadcast_per_step(trainer)
 
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         self._own_signals()
@@ -219,7 +224,7 @@ class SaveOnSignal(Callback, StopSignal):
             )
         self.signum = signum
         if not self._stop:  # Lightning's own handler (before on_train_start) may have set it
-            _set_received_sigterm(self._trainer, False)
+            compat.set_received_sigterm(self._trainer, False)
 
     def _pass_on(self, signum, frame) -> None:
         before = self._before.get(signum)
@@ -242,7 +247,7 @@ class SaveOnSignal(Callback, StopSignal):
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if self._stop:  # decided at the batch before it: stop after it
-            _set_received_sigterm(trainer, False)
+            compat.set_received_sigterm(trainer, False)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._trainer is None or trainer.sanity_checking:
@@ -250,7 +255,7 @@ class SaveOnSignal(Callback, StopSignal):
         if not (self._open or self._stop):
             self._decide(trainer)
         if self._stop:
-            _set_received_sigterm(trainer, True)
+            compat.set_received_sigterm(trainer, True)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self._trainer is None or self._open or self._stop:
@@ -266,7 +271,7 @@ class SaveOnSignal(Callback, StopSignal):
             signalled = trainer.strategy.reduce_boolean_decision(signalled, all=False)
         if signalled:
             self._stop = True
-            _set_received_sigterm(trainer, not trainer.validating)
+            compat.set_received_sigterm(trainer, not trainer.validating)
 
     @property
     def exit_code(self) -> int:
@@ -301,23 +306,6 @@ class SaveOnSignal(Callback, StopSignal):
             self._trainer = None
             for s, handler in self._before.items():
                 signal.signal(s, handler)
-
-
-def _set_received_sigterm(trainer, value: bool) -> None:
-    # Private: the flag Lightning checks at each batch boundary (`received_sigterm` is read-only).
-    trainer._signal_connector.received_sigterm = value
-
-
-def _no_flag_broadcast_per_step(trainer) -> None:
-    # Private: under DDP Lightning 2.6 broadcasts its SIGTERM flag from rank 0 and reads it with
-    # .item() at every training step, a collective and a host-device sync per step (Lightning
-    # issue 21487; PR 21640 proposes a Trainer setting for how often). SaveOnSignal shares the
-    # flag itself. test_reliability.py fails if Lightning no longer makes that call.
-    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _shared_by_save_on_signal
-
-
-def _shared_by_save_on_signal() -> None:
-    pass
 
 
 def last_checkpoint_path(trainer) -> Path:

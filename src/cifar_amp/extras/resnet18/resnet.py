@@ -21,7 +21,7 @@ class ResNet18(ResNet):
         self.maxpool = nn.Identity()
         self.recompute = recomputed((3, 2, 2, 2), activation_checkpointing, checkpoint_stages)
 
-    def _forward_impl(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         stem = Chain(self.conv1, self.bn1, self.relu)
         blocks = [stem, *self.layer1, *self.layer2, *self.layer3, *self.layer4]
         return self.fc(torch.flatten(self.avgpool(run_blocks(blocks, x, self.recompute)), 1))

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from cifar_amp.errors import UserError
+from cifar_amp.extras.speedrun import compat
 from cifar_amp.seams import ModelStateCopy
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class EMA(EMAWeightAveraging, ModelStateCopy):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After a resume has restored n_averaged: the one host read of the fit.
-        self._started = bool(self._average_model.n_averaged > 0)
+        self._started = bool(compat.average_model(self).n_averaged > 0)
         self._pairs = None
         self._trained = None
 
@@ -64,11 +65,11 @@ class EMA(EMAWeightAveraging, ModelStateCopy):
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage == "fit":  # the parent's hooks, on its schedule, update through ours
-            self._average_model.update_parameters = self._update
+            compat.average_model(self).update_parameters = self._update
 
     @torch.no_grad()
     def _update(self, pl_module) -> None:
-        average = self._average_model
+        average = compat.average_model(self)
         if self._pairs is None:  # the same tensors all fit long
             self._pairs = self._split(average.module, pl_module)
         avg, cur, avg_copy, cur_copy = self._pairs
@@ -78,12 +79,12 @@ class EMA(EMAWeightAveraging, ModelStateCopy):
         elif avg:
             self._lerp(avg, self._moved(avg, cur), None)
         if avg_copy:
-            torch._foreach_copy_(avg_copy, self._moved(avg_copy, cur_copy))
+            compat.copy_all(avg_copy, self._moved(avg_copy, cur_copy))
         average.n_averaged += 1
 
     def _moved(self, average: list, current: list) -> list:
         # `device=` keeps the average elsewhere (e.g. "cpu"): then each update copies, and waits.
-        if self._device is None:
+        if compat.averaging_settings(self)[0] is None:
             return current
         return [c.to(a.device) for a, c in zip(average, current, strict=True)]
 
@@ -92,10 +93,11 @@ class EMA(EMAWeightAveraging, ModelStateCopy):
         unless `use_buffers`, and integer ones (BatchNorm's batch counter) always."""
         params = list(zip(average.parameters(), model.parameters(), strict=True))
         buffers = list(zip(average.buffers(), model.buffers(), strict=True))
-        averaged = params + buffers if self._use_buffers else params
+        use_buffers = compat.averaging_settings(self)[1]
+        averaged = params + buffers if use_buffers else params
         lerp = [(a.detach(), c.detach()) for a, c in averaged if a.is_floating_point()]
         copy = [(a.detach(), c.detach()) for a, c in params + buffers if not a.is_floating_point()]
-        if not self._use_buffers:
+        if not use_buffers:
             copy += [(a.detach(), c.detach()) for a, c in buffers if a.is_floating_point()]
         return tuple([pair[i] for pair in group] for group in (lerp, copy) for i in (0, 1))
 

@@ -1,8 +1,9 @@
 """Extra (hparams_search=optuna): the search space for the machine the search runs on. A
-precision mode the device runs in emulation is left out, by precision=auto's rule (the
-auto_precision extra): float16 on a CPU without native float16 kernels (14.6x slower than
-float32 on the maintainers' CPU, that extra says), and bfloat16 on a GPU without it (the guards
-extra refuses it there). The log says so in one line when the search starts."""
+precision mode the device runs in emulation is left out, by the core's rule (precision.native,
+which precision=auto and the CPU recipes follow too): float16 on a CPU without native float16
+kernels (14.6x slower than float32 on the maintainers' CPU), bfloat16 on a CPU without bfloat16
+instructions (10x slower on an AVX2 CPU) and on a GPU without it (the guards extra refuses it
+there). The log says so in one line when the search starts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from cifar_amp.extras.auto_precision.autoprecision import capabilities
+from cifar_amp.precision import native
 
 log = logging.getLogger(__name__)
 KEY = "precision"
@@ -43,7 +44,7 @@ def fast_here(params: dict[str, str], config) -> dict[str, str]:
 
 def emulated(device: str) -> dict[str, str]:
     """mode -> why, for the modes a `device` ("cpu" or "cuda") of this machine emulates."""
-    bf16, fp16 = capabilities(torch.device(device))
+    bf16, fp16 = native(device)
     name = "CPU" if device == "cpu" else torch.cuda.get_device_name()
     out = {}
     if not fp16:

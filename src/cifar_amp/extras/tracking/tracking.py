@@ -12,11 +12,12 @@ from lightning.pytorch import loggers
 from lightning.pytorch.utilities import rank_zero_only
 
 from cifar_amp import seams
+from cifar_amp.extras.tracking import compat
 
 try:  # reads checkpoints of the template's earlier releases; a fork may delete it
-    from cifar_amp.extras.tracking import compat
+    from cifar_amp.extras.tracking import releases
 except ImportError:
-    compat = None
+    releases = None
 
 log = logging.getLogger(__name__)
 TRACKERS = "tracker_runs"  # the checkpoint's {logger config key: run id}
@@ -24,10 +25,8 @@ TRACKERS = "tracker_runs"  # the checkpoint's {logger config key: run id}
 
 def mlflow_params(params: dict) -> dict[str, str]:
     """The params MLFlowLogger logs for `params` (flat `a/b` keys, text values <= 250 chars),
-    by Lightning's own (private) flattening, so that a continued run knows which it has."""
-    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
-
-    return {k: str(v)[:250] for k, v in _flatten_dict(_convert_params(params)).items()}
+    by Lightning's own flattening (compat.flat_params), so that a continued run knows which it has."""
+    return {k: str(v)[:250] for k, v in compat.flat_params(params).items()}
 
 
 class TrackedRun(seams.ContinuesRun):
@@ -38,7 +37,7 @@ class TrackedRun(seams.ContinuesRun):
     def resuming(cls, checkpoint: dict, key: str) -> dict:
         runs = checkpoint.get(TRACKERS, {})
         if not isinstance(run := runs.get(key), str):  # none, or an earlier release's
-            run = compat and compat.tracker_run(runs, cls)
+            run = releases and releases.tracker_run(runs, cls)
         if not run:
             return {}
         log.info("Resuming: logger.%s continues run %s", key, run)

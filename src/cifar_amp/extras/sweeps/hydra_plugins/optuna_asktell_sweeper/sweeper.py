@@ -18,6 +18,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.utils import call, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from . import compat
 from .trial import PRUNED_AT, STORAGE, STUDY_NAME, TRIAL_ID
 
 log = logging.getLogger(__name__)
@@ -98,9 +99,9 @@ def outcome(study: Any, trial: Any, ret: Optional[JobReturn]) -> Tuple[Any, Opti
         if math.isfinite(value):
             return TrialState.COMPLETE, value, ""
         return TrialState.FAIL, None, f"returned {ret.return_value!r}"
-    if isinstance(ret._return_value, optuna.TrialPruned):
+    error = compat.raised(ret)
+    if isinstance(error, optuna.TrialPruned):
         return TrialState.PRUNED, None, ""
-    error = ret._return_value
     log.error(f"Trial {trial.number} raised", exc_info=error)
     return TrialState.FAIL, None, f"{type(error).__name__}: {error}".replace("\n", " ")
 
@@ -229,7 +230,11 @@ class OptunaAskTellSweeper(Sweeper):
     def job_overrides(self, fixed: List[str], study: Any, i: int, trial: Any) -> List[str]:
         env = {}
         if self.storage:  # in memory, a job's process could not find its trial
-            env = {STUDY_NAME: study.study_name, STORAGE: self.storage, TRIAL_ID: trial._trial_id}
+            env = {
+                STUDY_NAME: study.study_name,
+                STORAGE: self.storage,
+                TRIAL_ID: compat.trial_id(trial),
+            }
         if self.devices:
             env["CUDA_VISIBLE_DEVICES"] = self.devices[i % len(self.devices)]
         return (

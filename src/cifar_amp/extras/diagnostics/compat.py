@@ -1,0 +1,10 @@
+"""The private torch names the diagnostics extra uses (the form of src/cifar_amp/compat.py)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+# GradScaler._scale: the scale as the device tensor the scaler keeps (None before its first use); the public get_scale() returns a float, a device sync per call. Fails: tests/extras/diagnostics/test_precision_diagnostics.py::test_scale_tensor_is_the_scale_without_a_sync
+def scale(scaler) -> Tensor | None:
+    return scaler._scale
