@@ -8,11 +8,11 @@ from collections.abc import Mapping
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.strategies import StrategyRegistry
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
-from cifar_amp import config, seams
+from cifar_amp import config, messages, seams
 from cifar_amp.checkpoints import MODULE_CLASS, Checkpoint
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
 
@@ -54,6 +54,8 @@ def callbacks(cfg: DictConfig) -> list[L.Callback]:
         out = [c for c in out if not isinstance(c, LearningRateMonitor)]
     if cfg.trainer.get("enable_progress_bar") is False:  # Lightning refuses a bar then
         out = [c for c in out if not isinstance(c, ProgressBar)]
+    if cfg.trainer.get("enable_model_summary") is False:
+        out = [c for c in out if not isinstance(c, ModelSummary)]
     return out
 
 
@@ -77,6 +79,7 @@ def trainer(
 ):
     """The Trainer of `cfg.trainer` (`overrides` win), which the precision then sets up for the
     device it chose (TF32, channels_last)."""
+    messages.quiet()
     t, prec = cfg.trainer, prec or precision(cfg)
     if "strategy" not in overrides and (built := strategy(t.strategy)) is not None:
         overrides["strategy"] = built

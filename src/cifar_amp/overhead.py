@@ -5,12 +5,15 @@ Python calls (bench/call_count.py), which a GPU's 16-bit step waits for. And the
 monitor, whose copy of each logged rate onto the device made the host wait for the GPU."""
 
 import contextlib
+import logging
 
 import lightning.pytorch.callbacks
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.profilers import PassThroughProfiler
 
 from cifar_amp import compat
+
+log = logging.getLogger(__name__)
 
 
 class SkipUnusedHooks(Callback):
@@ -50,4 +53,16 @@ class QuietProfiler(PassThroughProfiler):
 class LearningRateMonitor(compat.RatesOnHost, lightning.pytorch.callbacks.LearningRateMonitor):
     """Lightning's, with the rates it adds to `callback_metrics` (for EarlyStopping) kept on the
     host: Lightning copies each onto the training device at every logging step, a copy from
-    pageable memory that waits for the GPU (compat.RatesOnHost)."""
+    pageable memory that waits for the GPU (compat.RatesOnHost). It says when the run is too
+    short for any step to be logged (in place of Lightning's hint, messages.py)."""
+
+    def on_train_start(self, trainer: Trainer, *args, **kwargs) -> None:
+        super().on_train_start(trainer, *args, **kwargs)
+        steps, every = trainer.estimated_stepping_batches, trainer.log_every_n_steps
+        if self.logging_interval != "epoch" and steps < every and trainer.is_global_zero:
+            log.warning(
+                f"Logging: the run's {steps} optimizer steps are fewer than "
+                f"trainer.log_every_n_steps={every}, so no step's values (the learning rate, "
+                f"...) are logged, only epochs': trainer.log_every_n_steps={max(1, int(steps))} "
+                "logs the last"
+            )

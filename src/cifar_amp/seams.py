@@ -13,19 +13,24 @@ class BeforeRun(ABC):
     def before_run(self, trainer, module) -> None: ...
 
 
-class NamesClasses(ABC):
-    """A DataModule that names its classes, in label order: metrics.json's per-class accuracy
-    and the confusion picture say them (the labels' numbers for one that does not).
+class ImageData(ABC):
+    """A DataModule that says what its images are: its classes' names, in label order (which
+    metrics.json's per-class accuracy and the confusion picture say; the labels' numbers for a
+    DataModule that does not), and the shape of an image (the layer table's FLOPs, per image).
     Implemented by: the core's CIFARDataModule, extras/image_folders (ImageFolderDataModule)."""
 
     @property
     @abstractmethod
     def class_names(self) -> list[str]: ...
 
+    @property
+    @abstractmethod
+    def image_shape(self) -> tuple[int, int, int]: ...  # channels, height, width
+
 
 def class_names(datamodule, n: int) -> list[str]:
     """The names of `datamodule`'s `n` classes, or their numbers."""
-    if isinstance(datamodule, NamesClasses) and len(datamodule.class_names) == n:
+    if isinstance(datamodule, ImageData) and len(datamodule.class_names) == n:
         return list(datamodule.class_names)
     return [str(i) for i in range(n)]
 

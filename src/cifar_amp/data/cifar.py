@@ -14,7 +14,7 @@ from torchvision.datasets.utils import download_and_extract_archive
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.batches import DeviceBatches, RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
-from cifar_amp.seams import NamesClasses
+from cifar_amp.seams import ImageData
 
 log = logging.getLogger(__name__)
 AUGMENT = Augment()  # flip + 4-pixel translate
@@ -118,7 +118,7 @@ SPECS = {
 }
 
 
-class CIFARDataModule(RestoresTrainLoader, LightningDataModule, NamesClasses):
+class CIFARDataModule(RestoresTrainLoader, LightningDataModule, ImageData):
     """CIFAR-10/100 on the training device, with a seeded validation split of the training set."""
 
     def __init__(
@@ -152,6 +152,10 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule, NamesClasses):
     def class_names(self) -> list[str]:
         """The label names, from the data folder's names file where it has one."""
         return self.spec.class_names(self.spec.find(self.data_dir))
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (3, 32, 32)
 
     def prepare_data(self) -> None:
         self.spec.locate(self.data_dir, self.download)

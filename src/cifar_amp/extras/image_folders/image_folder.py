@@ -28,7 +28,7 @@ from torchvision.transforms import v2
 from cifar_amp.data.batches import RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_transform
-from cifar_amp.seams import NamesClasses
+from cifar_amp.seams import ImageData
 
 log = logging.getLogger(__name__)
 # The usual statistics of ImageNet-pretrained networks (timm's, torchvision's), which most
@@ -141,7 +141,7 @@ class Images(Dataset):
             return self.transform(image), label
 
 
-class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, NamesClasses):
+class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData):
     """Images in class folders; a seeded validation split unless `val_dir` is given."""
 
     def __init__(
@@ -280,6 +280,10 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, NamesClass
     @property
     def class_names(self) -> list[str]:
         return list(self.classes)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (3, self.image_size, self.image_size)
 
     @property
     def meta(self) -> dict:
