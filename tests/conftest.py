@@ -38,7 +38,12 @@ SHRINK = (
     "model.width=8",
     "model.hidden=32",
     "module.optimizer.lr=0.05",  # the default 0.2 suits the BatchNorm nets, not small_cnn
+    # The curves extra's pictures took half of a tiny run (matplotlib): drawn where a test asks,
+    # make_cfg(..., pictures=True). `++`: whether or not the extra is there.
+    "++callbacks.curves=null",
+    "++callbacks.confusion=null",
 )
+PICTURES = ("++callbacks.curves=null", "++callbacks.confusion=null")
 
 # pytest-xdist runs one worker per core (addopts): a worker whose torch also used every core
 # would share each core with the other workers' threads, slower than one thread each.
@@ -94,12 +99,46 @@ def compose_cfg(
     overrides: tuple[str, ...] | list[str] = (),
     return_hydra_config: bool = False,
 ) -> DictConfig:
+    """Hydra's compose(config_name, overrides), as the command composes it. What every test
+    shares is composed once per worker: the config of the overrides that choose options (a
+    group's option, `+`, `~`, a sweep), on which a copy takes the plain `key=value` overrides
+    as Hydra applies them, in their order (OmegaConf.update, merging); where that fails, Hydra
+    composes the whole for its own error."""
     per_test = [o for o in overrides if o.partition("=")[0] in PER_TEST_KEYS]
-    rest = tuple(o for o in overrides if o not in per_test)
-    cfg = copy.deepcopy(_compose(config_name, rest, return_hydra_config))
+    rest = [o for o in overrides if o not in per_test]
+    values = [] if return_hydra_config else [o for o in rest if _plain_value(o)]
+    choices = tuple(o for o in rest if o not in values)
+    cfg = copy.deepcopy(_compose(config_name, choices, return_hydra_config))
+    try:
+        for override in OverridesParser.create().parse_overrides(values):
+            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+    except Exception:
+        cfg = copy.deepcopy(_compose(config_name, tuple(rest), return_hydra_config))
     for override in OverridesParser.create().parse_overrides(per_test):
         OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)
     return cfg
+
+
+@functools.cache
+def _groups() -> frozenset[str]:
+    """Every config group, as an override names it (`model`, `module/optimizer`, ...)."""
+    roots = (CONFIGS, *config.EXTRAS.glob("*/configs"))
+    return frozenset(
+        str(d.relative_to(root)) for root in roots for d in root.rglob("*") if d.is_dir()
+    )
+
+
+@functools.cache
+def _plain_value(override: str) -> bool:
+    """Whether `override` sets a config key to one value (no group, no +/~, no sweep, no hydra)."""
+    try:
+        [parsed] = OverridesParser.create().parse_overrides([override])
+    except Exception:
+        return False
+    key = parsed.key_or_group
+    change = not (parsed.is_add() or parsed.is_force_add() or parsed.is_delete())
+    plain = change and not parsed.is_sweep_override() and not parsed.is_hydra_override()
+    return plain and "@" not in key and key.replace(".", "/") not in _groups()
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,28 +194,28 @@ def marked_run(built_once, tiny_data) -> Path:
         from cifar_amp.training import train
 
         data = (f"data.data_dir={tiny_data}", f"run_dir={run_dir}", "logger=csv")
-        train(compose_cfg("train", (*SHRINK, *data, *MARKED, *TOP5)))
+        shrink = [o for o in SHRINK if o not in PICTURES]  # the curves extra's test reads them
+        train(compose_cfg("train", (*shrink, *data, *MARKED, *TOP5)))
 
     return built_once("marked-run", make)
 
 
 @pytest.fixture
 def make_cfg(tmp_path, tiny_data):
-    """make_cfg(*overrides, config_name="train") -> the composed config, shrunk for tests."""
+    """make_cfg(*overrides, config_name="train", pictures=False) -> the composed config, shrunk
+    for tests (`pictures`: with the curves extra's)."""
 
-    def make(*overrides: str, config_name: str = "train"):
-        shrink = SHRINK
+    def make(*overrides: str, config_name: str = "train", pictures: bool = False):
+        shrink = tuple(o for o in SHRINK if not (pictures and o in PICTURES))
         if any(o.startswith("data=") and o not in CIFAR for o in overrides):
             # another DataModule: its own arguments, not the tiny CIFAR folder's
-            shrink, data = tuple(o for o in SHRINK if not o.startswith("data.")), ()
+            shrink, data = tuple(o for o in shrink if not o.startswith("data.")), ()
         else:
             data = (f"data.data_dir={tiny_data}",)
         if config_name != "train" or any(
             o.startswith(("model=", "experiment=")) for o in overrides
         ):
-            shrink = tuple(
-                o for o in SHRINK if not o.startswith("model")
-            )  # the caller picks the model
+            shrink = tuple(o for o in shrink if not o.startswith("model"))  # the caller's
         if config_name != "train":
             shrink = tuple(o for o in shrink if not o.startswith("module"))
         return compose_cfg(config_name, (*shrink, *data, f"run_dir={tmp_path}", *overrides))

@@ -28,7 +28,7 @@ def history(run_dir) -> dict:
 
 
 def test_every_run_writes_its_history_and_curves_without_a_logger(make_cfg, tmp_path):
-    train(make_cfg("trainer.max_epochs=2"))  # logger=none (make_cfg)
+    train(make_cfg("trainer.max_epochs=2", pictures=True))  # logger=none (make_cfg)
     rows = history(tmp_path)[plot.EPOCHS]
     assert [r["epoch"] for r in rows] == [0, 1]
     assert all(set(CURVES) <= set(r) for r in rows)
@@ -48,7 +48,7 @@ def test_without_matplotlib_a_run_keeps_its_history_and_says_why_no_png(
     monkeypatch.setattr(
         plot.importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a)
     )
-    result = train(make_cfg())
+    result = train(make_cfg(pictures=True))
     assert result[metrics.TEST_ACC] >= 0 and history(tmp_path)[plot.EPOCHS]
     assert not (tmp_path / "curves.png").exists()
     assert "curves.png not drawn: matplotlib is not installed" in caplog.text
@@ -57,7 +57,7 @@ def test_without_matplotlib_a_run_keeps_its_history_and_says_why_no_png(
 def test_a_full_disk_at_the_history_keeps_the_last_whole_one(make_cfg, tmp_path, full_disk, capsys):
     full_disk(plot.HISTORY, after=1)  # epoch 0's fits, epoch 1's does not
     short = ("trainer.max_epochs=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1")
-    err = one_line_error(capsys, lambda: train(make_cfg(*short)))
+    err = one_line_error(capsys, lambda: train(make_cfg(*short, pictures=True)))
     last = tmp_path / "checkpoints" / "last.ckpt"  # of epoch 0: checkpoints come after the history
     then = f"resume with ckpt_path={last} once there is room"
     assert re.fullmatch(failed_write(tmp_path / plot.HISTORY, then), err)
@@ -70,12 +70,12 @@ def test_history_survives_a_crash_and_a_resume_into_a_new_run_dir(make_cfg, tmp_
     """Epoch 0 before the crash (at step 16, mid epoch 1) is kept, and the resumed run's history
     is the uninterrupted run's (deterministic CPU run)."""
     common = (*EXACT, "trainer.max_epochs=2")
-    train(make_cfg(*common, f"run_dir={tmp_path / 'ref'}"))
+    train(make_cfg(*common, f"run_dir={tmp_path / 'ref'}", pictures=True))
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(make_cfg(*common, *CRASH, f"run_dir={tmp_path / 'old'}"))
+        train(make_cfg(*common, *CRASH, f"run_dir={tmp_path / 'old'}", pictures=True))
     assert [r["epoch"] for r in history(tmp_path / "old")[plot.EPOCHS]] == [0]
     last = tmp_path / "old" / "checkpoints" / "last.ckpt"
-    train(make_cfg(*common, f"run_dir={tmp_path / 'new'}", f"ckpt_path={last}"))
+    train(make_cfg(*common, f"run_dir={tmp_path / 'new'}", f"ckpt_path={last}", pictures=True))
     assert history(tmp_path / "new") == history(tmp_path / "ref")
     assert (tmp_path / "new" / "curves.png").is_file()
 
@@ -122,7 +122,7 @@ def test_plot_refuses_bad_input_in_one_line(tmp_path, capsys, make):
 
 @pytest.mark.slow
 def test_plot_command(make_cfg, tmp_path):
-    train(make_cfg())
+    train(make_cfg(pictures=True))
     done = subprocess.run(
         [
             sys.executable,
@@ -162,7 +162,7 @@ def test_plot_without_matplotlib_names_its_pip_command_in_one_line(tmp_path, cap
 def test_each_test_draws_its_confusion_matrix_with_the_class_names(make_cfg, marked_run, tmp_path):
     assert imread(marked_run / confusion.PICTURE).shape[0] > 300  # train.py's test
     last = marked_run / "checkpoints" / "last.ckpt"
-    evaluate(make_cfg(f"ckpt_path={last}", config_name="eval"))
+    evaluate(make_cfg(f"ckpt_path={last}", config_name="eval", pictures=True))
     assert imread(tmp_path / confusion.PICTURE).shape[0] > 300  # eval.py's
     matrix = torch.tensor([[3, 1], [0, 4]])
     ax = confusion.figure(matrix, ["cat", "dog"]).axes[0]
