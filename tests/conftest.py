@@ -290,3 +290,39 @@ def spy(monkeypatch, owner, name: str) -> list:
 
     monkeypatch.setattr(owner, name, recording)
     return returned
+
+
+def command(monkeypatch, capsys, entry: str, *args: str) -> tuple[int, str]:
+    """Run `python <entry> <args>` (a script of the repository, or `-m <module>`) in this
+    process, as the command runs it but for the interpreter's start: (its exit status, its
+    stderr). Hydra's global state and the root logger's handlers are put back after."""
+    import logging
+    import runpy
+    import sys
+
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    module = entry.removeprefix("-m ") if entry.startswith("-m ") else None
+    monkeypatch.setattr(sys, "argv", [module or str(REPO / entry), *args])
+    monkeypatch.chdir(REPO)
+    capsys.readouterr()
+    try:
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(REPO / entry), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None
+        for h in root.handlers[:]:
+            if h not in handlers:
+                root.removeHandler(h)
+                h.close()
+        root.setLevel(level)
+    return code, capsys.readouterr().err

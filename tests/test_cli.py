@@ -16,7 +16,7 @@ from omegaconf import open_dict
 from cifar_amp import cli, config, errors
 from cifar_amp.data.cifar import CIFARDataModule
 from cifar_amp.errors import UserError
-from conftest import CONFIGS, REPO, SHRINK, compose_cfg
+from conftest import CONFIGS, REPO, SHRINK, command, compose_cfg
 
 
 def run(*args, tmp_path, env=None, timeout=600):
@@ -109,12 +109,13 @@ def test_the_commands_refusal_is_one_line_exit_2_before_anything_runs(tmp_path):
     assert not list(tmp_path.iterdir())  # refused before any run or sweep dir
 
 
-def test_bad_value_exits_2_with_one_line_naming_the_key(tmp_path):
-    # The command as a whole, in a subprocess (the override check, Hydra, the job runner,
-    # the run built) up to a range the constructor checks (test_bad_input: each such message).
-    r = run("train.py", "data.batch_size=0", f"hydra.run.dir={tmp_path}", tmp_path=tmp_path)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip() == "error: invalid config value for data.batch_size: 0; must be >= 1"
+def test_bad_value_exits_2_with_one_line_naming_the_key(tmp_path, monkeypatch, capsys):
+    # The command as a whole (the override check, Hydra, the job runner, the run built) up to a
+    # range the constructor checks (test_bad_input: each such message); in this process.
+    args = ("data.batch_size=0", f"hydra.run.dir={tmp_path}")
+    code, err = command(monkeypatch, capsys, "train.py", *args)
+    assert code == 2 and "Traceback" not in err
+    assert err.strip() == "error: invalid config value for data.batch_size: 0; must be >= 1"
 
 
 @pytest.mark.slow  # the command itself; in this process: the next test

@@ -35,10 +35,8 @@ def test_the_cpu_answer_is_onednns_own():
     flags = cpu_flags()
     assert compat.onednn_native(torch.bfloat16) == ("avx512_bf16" in flags)
     assert compat.onednn_native(torch.float16) == ("avx512_fp16" in flags)
-    assert precision.native("cpu") == (
-        compat.onednn_native(torch.bfloat16),
-        compat.onednn_native(torch.float16),
-    )
+    assert compat.amx_fp16() == ("amx_fp16" in flags)
+    assert precision.native("cpu") == ("avx512_bf16" in flags, "amx_fp16" in flags)
 
 
 @pytest.mark.slow

@@ -34,8 +34,9 @@ def test_fast_dev_run_per_model(make_cfg, model):
 
 @pytest.mark.parametrize("prec", options("precision"))
 def test_fast_dev_run_per_precision(make_cfg, prec, caplog):
+    short = ("precision.probe_seconds=1",) if prec == "auto" else ()  # its probe's budget
     with caplog.at_level(logging.INFO):
-        result = train(make_cfg(f"precision={prec}", "trainer.fast_dev_run=true"))
+        result = train(make_cfg(f"precision={prec}", *short, "trainer.fast_dev_run=true"))
     # auto: the mode its probe chose among the CPU's candidates
     assert result[metrics.PRECISION] in (("32-true", "bf16-mixed") if prec == "auto" else (prec,))
     assert any(r.message.startswith(f"Precision: {prec}") for r in caplog.records)
@@ -190,13 +191,14 @@ def test_resume_restores_everything_and_matches_an_uninterrupted_run(make_cfg, t
         "precision=16-mixed",
         "precision.scaler.init_scale=16777216",
         "trainer.deterministic=true",
+        "trainer.limit_train_batches=4",  # float16 on a CPU is slow; 4 steps overflow enough
     )
-    full = make_cfg(*common, "trainer.max_epochs=3", f"run_dir={tmp_path}/full")
+    full = make_cfg(*common, "trainer.max_epochs=2", f"run_dir={tmp_path}/full")
     train(full)
     # the same run, stopped after its first epoch (as if killed then), resumed from last.ckpt
     interrupted = make_cfg(
         *common,
-        "trainer.max_epochs=3",
+        "trainer.max_epochs=2",
         f"run_dir={tmp_path}/part",
         "+callbacks.stop._target_=test_train.StopAfterEpoch",
     )
@@ -209,14 +211,14 @@ def test_resume_restores_everything_and_matches_an_uninterrupted_run(make_cfg, t
     )
     resumed = make_cfg(
         *common,
-        "trainer.max_epochs=3",
+        "trainer.max_epochs=2",
         f"run_dir={tmp_path}/part",
         f"ckpt_path={tmp_path}/part/checkpoints/last.ckpt",
     )
     r = train(resumed)
     a = torch.load(tmp_path / "full/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "part/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
-    assert a["global_step"] == b["global_step"] and r[metrics.EPOCHS] == 3
+    assert a["global_step"] == b["global_step"] and r[metrics.EPOCHS] == 2
     for k in a["state_dict"]:
         assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
     assert a["MixedPrecision"] == b["MixedPrecision"]  # GradScaler state

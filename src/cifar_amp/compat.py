@@ -81,7 +81,7 @@ def cudagraphs_log():
     return cudagraphs_log
 
 
-# torch.ops.mkldnn._is_mkldnn_bf16_supported, _is_mkldnn_fp16_supported: oneDNN's own test for native bfloat16 / float16 kernels on this CPU (AVX512-BF16 or AMX; AVX512-FP16 or AMX-FP16), which also honours ONEDNN_MAX_CPU_ISA; torch has no public one. Fails: tests/test_native.py::test_the_cpu_answer_is_onednns_own
+# torch.ops.mkldnn._is_mkldnn_bf16_supported, _is_mkldnn_fp16_supported: oneDNN's own test for native bfloat16 / float16 kernels on this CPU (AVX512-BF16 or AMX; AVX512-FP16), which also honours ONEDNN_MAX_CPU_ISA; torch has no public one. Fails: tests/test_native.py::test_the_cpu_answer_is_onednns_own
 def onednn_native(dtype: torch.dtype) -> bool:
     """Whether oneDNN runs `dtype` (bfloat16 or float16) natively on this CPU."""
     test = {
@@ -89,3 +89,8 @@ def onednn_native(dtype: torch.dtype) -> bool:
         torch.float16: "_is_mkldnn_fp16_supported",
     }[dtype]
     return bool(getattr(torch.ops.mkldnn, test)())
+
+
+# torch.cpu._is_amx_fp16_supported: whether the CPU has AMX-FP16, the tiles of oneDNN's float16 training kernels; with AVX512-FP16 alone torch's float16 convolution backward ran 45x slower than float32 (Sapphire Rapids, SpeedNet 8,8,8, batch 16). Fails: tests/test_native.py::test_the_cpu_answer_is_onednns_own
+def amx_fp16() -> bool:
+    return bool(torch.cpu._is_amx_fp16_supported())

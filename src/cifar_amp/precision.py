@@ -109,11 +109,13 @@ class Precision(seams.PrecisionMode):
 def native(device_type: str) -> tuple[bool, bool]:
     """(bfloat16, float16): whether a device of this type here runs each natively, not in an
     emulation many times slower than float32. CUDA: bfloat16 from Ampere on; CPU: oneDNN's test
-    (bfloat16: AVX512-BF16 or AMX; float16: AVX512-FP16 or AMX-FP16); MPS: float16."""
+    (bfloat16: AVX512-BF16 or AMX), float16 only with AMX-FP16 as well (compat.amx_fp16: with
+    AVX512-FP16 alone, float16 training steps ran 45x slower than 32-true); MPS: float16."""
     if device_type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False), True
     if device_type == "cpu":
-        return compat.onednn_native(torch.bfloat16), compat.onednn_native(torch.float16)
+        fp16 = compat.onednn_native(torch.float16) and compat.amx_fp16()
+        return compat.onednn_native(torch.bfloat16), fp16
     return False, device_type == "mps"
 
 

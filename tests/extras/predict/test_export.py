@@ -18,7 +18,7 @@ from cifar_amp.errors import UserError
 from cifar_amp.extras.predict import export
 from cifar_amp.extras.predict.prediction import data_meta, normaliser, read
 from cifar_amp.training import train
-from conftest import REPO, SHRINK, SUBSET, compose_cfg, spy
+from conftest import REPO, SHRINK, SUBSET, command, compose_cfg, spy
 
 # The export extra's: without it this module skips (collecting it must not fail a test run).
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -244,18 +244,12 @@ def test_export_reads_its_checkpoint_as_data_once(real_images, tmp_path, evil_ck
     assert len(loads) == 1
 
 
-def test_export_names_what_it_takes_from_the_checkpoint():
-    # The command itself: it names itself as typed (`python -m <module>`), not as a script.
+def test_export_names_what_it_takes_from_the_checkpoint(monkeypatch, capsys):
+    # The command: it names itself as typed (`python -m <module>`), not as a script.
     module = export.__name__
-    r = subprocess.run(
-        [sys.executable, "-m", module, "ckpt_path=x.ckpt", "model=speednet"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert f"model=speednet: {module} takes the network from the checkpoint" in r.stderr
+    code, err = command(monkeypatch, capsys, f"-m {module}", "ckpt_path=x.ckpt", "model=speednet")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"model=speednet: {module} takes the network from the checkpoint" in err
 
 
 def test_export_builds_the_class_that_trained_the_checkpoint(

@@ -80,7 +80,8 @@ def test_the_mixup_recipe_trains_shrunk(make_cfg, tmp_path):
         "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1",
-        "data.batch_size=8",
+        "data.batch_size=4",
+        "data.eval_batch_size=4",
     )
     assert cfg.data.augment.mixup_alpha == cfg.data.augment.cutmix_alpha == 1.0
     result = train(cfg)

@@ -3,12 +3,12 @@ this network and batch, chosen by a probe when fit starts.
 
 Candidates, by device (`candidates`), each 16-bit mode only where the device runs its type
 natively (`precision.native`): elsewhere it is emulated, many times slower than float32 (CPU
-bfloat16 10x on an AVX2 CPU, float16 14.6x on the maintainers' CPU), so probing it would only
-spend the budget.
+bfloat16 10x on an AVX2 CPU, float16 45x on a Sapphire Rapids without AMX-FP16), so probing
+it would only spend the budget.
 - CUDA: `32-true` (TF32 as `precision.tf32` says), `bf16-mixed` where the GPU has bfloat16
   (Ampere or newer), `16-mixed`.
 - CPU: `32-true`; `bf16-mixed` where oneDNN has native bfloat16 kernels (AVX512-BF16 / AMX),
-  `16-mixed` where it has native float16 ones (AVX512-FP16 / AMX-FP16).
+  `16-mixed` where it has float16 training kernels (AMX-FP16).
 - Any other device: `32-true`.
 
 The probe (`probe`) trains a copy of the module per candidate on the first training batch

@@ -1,7 +1,7 @@
 """Extra (hparams_search=optuna): the search space for the machine the search runs on. A
 precision mode the device runs in emulation is left out, by the core's rule (precision.native,
-which precision=auto and the CPU recipes follow too): float16 on a CPU without native float16
-kernels (14.6x slower than float32 on the maintainers' CPU), bfloat16 on a CPU without bfloat16
+which precision=auto and the CPU recipes follow too): float16 on a CPU without AMX-FP16 (45x
+slower than float32 on the maintainers' Sapphire Rapids), bfloat16 on a CPU without bfloat16
 instructions (10x slower on an AVX2 CPU) and on a GPU without it (the guards extra refuses it
 there). The log says so in one line when the search starts."""
 
