@@ -63,7 +63,10 @@ def test_the_cpu_recipes_take_bfloat16_only_where_it_is_native(
     if bf16:
         assert line.startswith("Precision: bf16-mixed (native here; 32-true where emulated)")
     else:
-        assert line.startswith("Precision: 32-true (bf16-mixed asked: this CPU emulates bfloat16)")
+        assert line.startswith(
+            "Precision: 32-true (bf16-mixed asked: this CPU emulates bfloat16; "
+            "precision.where_emulated=null trains in it all the same)"
+        )
 
 
 def test_a_fixed_mode_is_trained_as_asked_wherever(make_cfg, monkeypatch):
@@ -89,3 +92,11 @@ def test_a_run_without_native_bfloat16_resumes_in_the_mode_it_trained_in(
 def test_a_bad_fallback_mode_is_one_line(make_cfg):
     with pytest.raises(UserError, match="invalid config value for precision.where_emulated: 'x'"):
         build.precision(make_cfg("precision.where_emulated=x"))
+
+
+def test_a_resumed_run_goes_on_in_the_mode_it_began_in_even_where_emulated(monkeypatch):
+    monkeypatch.setattr(precision, "native", lambda device_type: (False, False))
+    fresh, resumed = (precision.Precision("bf16-mixed", where_emulated="32-true") for _ in "ab")
+    fresh.settle("cpu")
+    resumed.settle("cpu", resumes="bf16-mixed")
+    assert (fresh.name, resumed.name) == ("32-true", "bf16-mixed")

@@ -42,9 +42,10 @@ def build(node, key: str, recursive: bool = True, **kwargs):
 def precision(cfg: DictConfig, started_from=None) -> seams.PrecisionMode:
     """`cfg.precision`; auto (seams.FollowsCheckpoint) takes the mode `started_from` records."""
     prec = build(cfg.precision, "precision")
-    prec.settle(cfg.trainer.get("accelerator"))
+    recorded = started_from and started_from.settings.get("precision")
+    prec.settle(cfg.trainer.get("accelerator"), resumes=recorded)
     if started_from and isinstance(prec, seams.FollowsCheckpoint):
-        prec.adopt(started_from.settings.get("precision"))
+        prec.adopt(recorded)
     return prec
 
 

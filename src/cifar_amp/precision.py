@@ -48,9 +48,10 @@ class Precision(seams.PrecisionMode):
             if key in s and not ok(s[key]):
                 raise InvalidArgument(f"scaler.{key}", s[key], rule)
 
-    def settle(self, accelerator) -> None:
-        """`where_emulated` instead of `name` where `accelerator`'s device emulates `name`."""
-        if self.where_emulated and self.name != self.where_emulated:
+    def settle(self, accelerator, resumes: str | None = None) -> None:
+        """`where_emulated` instead of `name` where `accelerator`'s device emulates `name`,
+        unless the run this one `resumes` trained in `name` (a run goes on as it began)."""
+        if self.where_emulated and self.name not in (self.where_emulated, resumes):
             if emulated(self.name, compat.accelerator_device(accelerator)):
                 self.asked = self.name
                 self.name = self.where_emulated
@@ -94,7 +95,8 @@ class Precision(seams.PrecisionMode):
         why = ""
         if self.asked:
             kind = "bfloat16" if self.asked.startswith("bf16") else "float16"
-            why = f" ({self.asked} asked: this {device.type.upper()} emulates {kind})"
+            why = f" ({self.asked} asked: this {device.type.upper()} emulates {kind}; "
+            why += "precision.where_emulated=null trains in it all the same)"
         elif self.where_emulated:
             why = f" (native here; {self.where_emulated} where emulated)"
         log.info(f"Precision: {self.name}{why}, layout {layout}{tf32}")

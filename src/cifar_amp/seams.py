@@ -85,9 +85,7 @@ class PrecisionMode(ABC):
     def record(self) -> dict: ...  # what metrics.json says of it
 
     @abstractmethod
-    def settle(
-        self, accelerator
-    ) -> None: ...  # for the Trainer's accelerator, before `name` is read
+    def settle(self, accelerator, resumes: str | None = None) -> None: ...  # before `name` is read
 
 
 class FollowsCheckpoint(ABC):

@@ -422,7 +422,6 @@ def test_the_previous_releases_recipe_checkpoint_resumes_as_data(make_cfg, tmp_p
             "model.widths=[8,8,8]",
             "precision=16-mixed",
             "trainer.max_epochs=3",
-            "trainer.limit_train_batches=2",  # float16 on a CPU: slow, and the file is the test
             "trainer.limit_val_batches=1",
             "trainer.limit_test_batches=1",
             f"ckpt_path={path}",
