@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+import compat
 from cifar_amp import config, metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,18 +76,19 @@ def __getattr__(name: str):
 
 
 @functools.cache
-def _entry_schemas() -> dict:
-    """The schemas of the extras' entry configs (predict, export) that are installed."""
+def _registered() -> None:
+    """config.register, once per process, with the schemas of the extras' entry configs
+    (predict, export) that are installed."""
     found = {}
     for name, module, cls in (
         ("predict", "extras.predict.prediction", "PredictConfig"),
         ("export", "extras.predict.export", "ExportConfig"),
     ):
         try:
-            found[name] = {name: getattr(importlib.import_module(f"cifar_amp.{module}"), cls)}
+            found[name] = getattr(importlib.import_module(f"cifar_amp.{module}"), cls)
         except ImportError:
             pass
-    return found
+    config.register(CONFIGS, found)
 
 
 # Plain strings that differ in every test (its tmp paths): set on the composed config, so the rest
@@ -99,19 +101,18 @@ def compose_cfg(
     overrides: tuple[str, ...] | list[str] = (),
     return_hydra_config: bool = False,
 ) -> DictConfig:
-    """Hydra's compose(config_name, overrides), as the command composes it. What every test
-    shares is composed once per worker: the config of the overrides that choose options (a
-    group's option, `+`, `~`, a sweep), on which a copy takes the plain `key=value` overrides
-    as Hydra applies them, in their order (OmegaConf.update, merging); where that fails, Hydra
-    composes the whole for its own error."""
+    """Hydra's compose(config_name, overrides), as the command composes it. A compose takes a
+    third of a second: what tests share is composed once per worker, the config of the
+    overrides that choose a group's option, on which a copy takes the overrides of keys (`a=1`,
+    `+a=1`, `++a=1`, `~a`) by Hydra's own code, in their order; where that fails, Hydra composes
+    the whole, for its own error."""
     per_test = [o for o in overrides if o.partition("=")[0] in PER_TEST_KEYS]
     rest = [o for o in overrides if o not in per_test]
-    values = [] if return_hydra_config else [o for o in rest if _plain_value(o)]
-    choices = tuple(o for o in rest if o not in values)
+    keys = [] if return_hydra_config else [o for o in rest if _of_a_key(o)]
+    choices = tuple(o for o in rest if o not in keys)
     cfg = copy.deepcopy(_compose(config_name, choices, return_hydra_config))
     try:
-        for override in OverridesParser.create().parse_overrides(values):
-            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+        compat.apply_key_overrides(cfg, OverridesParser.create().parse_overrides(keys))
     except Exception:
         cfg = copy.deepcopy(_compose(config_name, tuple(rest), return_hydra_config))
     for override in OverridesParser.create().parse_overrides(per_test):
@@ -129,21 +130,21 @@ def _groups() -> frozenset[str]:
 
 
 @functools.cache
-def _plain_value(override: str) -> bool:
-    """Whether `override` sets a config key to one value (no group, no +/~, no sweep, no hydra)."""
+def _of_a_key(override: str) -> bool:
+    """Whether `override` is of a config key (`a.b=1`, `+a=1`, `~a.b`), not of a group's option
+    (`model=x`, `module/optimizer=sgd`), a sweep or Hydra's own config."""
     try:
         [parsed] = OverridesParser.create().parse_overrides([override])
     except Exception:
         return False
     key = parsed.key_or_group
-    change = not (parsed.is_add() or parsed.is_force_add() or parsed.is_delete())
-    plain = change and not parsed.is_sweep_override() and not parsed.is_hydra_override()
-    return plain and "@" not in key and key.replace(".", "/") not in _groups()
+    of_a_group = ("." not in key and key in _groups()) or parsed.package is not None
+    return not (of_a_group or parsed.is_sweep_override() or parsed.is_hydra_override())
 
 
 @functools.lru_cache(maxsize=None)
 def _compose(config_name: str, overrides: tuple[str, ...], return_hydra_config: bool):
-    config.register(CONFIGS, _entry_schemas().get(config_name))
+    _registered()
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose(
             config_name, overrides=list(overrides), return_hydra_config=return_hydra_config

@@ -129,3 +129,28 @@ def test_an_extra_deleted_while_another_needs_it_is_one_line_naming_that_extra(
     who = "user need it: delete their folders" if declared else f"{conf} names it: delete that"
     with pytest.raises(UserError, match=rf"^the gone extra is deleted \(.*\), but {who}"):
         config.register(CONFIGS)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["trainer=cpu", "trainer.max_epochs=3", "model=small_cnn", "model.width=4"],
+        ["+callbacks.crash._target_=test_resume.CrashAt", "+callbacks.crash.step=5"],
+        ["++callbacks.curves=null", "~callbacks.lr_monitor", "module/optimizer=adamw"],
+        ["data.augment.mixup_alpha=0.5", "module.metrics.acc_top5._target_=x.Y"],
+    ],
+)
+def test_compose_cfg_is_what_hydra_composes(overrides):
+    """The tests' compose_cfg applies key overrides to a config composed once, by Hydra's own
+    code (tests/compat.py): the result is Hydra's compose of the whole command line."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from conftest import _registered, compose_cfg
+
+    _registered()
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        hydras = compose("train", overrides=overrides)
+    ours = compose_cfg("train", overrides)
+    assert OmegaConf.to_container(ours) == OmegaConf.to_container(hydras)
+    assert OmegaConf.is_struct(ours) == OmegaConf.is_struct(hydras)
