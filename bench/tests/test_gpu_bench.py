@@ -185,7 +185,7 @@ def test_a_section_past_its_deadline_is_cut_and_the_next_gets_what_is_left(tmp_p
         ("c", 1.0, fails, 3),
         ("d", 1.0, finishes, 4),
     ]
-    budget.run_sections(jobs, 12.0, data, lambda d: saved.append(json.dumps(d)), tmp_path, "fork")
+    budget.run_sections(jobs, 6.0, data, lambda d: saved.append(json.dumps(d)), tmp_path, "fork")
     assert data["a"] == {"ran": 1} and data["d"] == {"ran": 4}
     assert data["b"] == ["a first case"] and data["c"] == ["a first case"]
     assert list(data["cut"]) == ["b"] and data["cut"]["b"].startswith("cut by the deadline after")

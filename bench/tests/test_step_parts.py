@@ -4,14 +4,15 @@ import pytest
 
 from bench import gpu as G
 from bench import step_parts as S
+from conftest import compose_cfg
 
 
 def test_each_case_takes_away_what_it_names():
-    base = G.compose([])
+    base = compose_cfg("train")  # as G.compose composes the bench's configs
     parts = set(base.callbacks) - set(S.KEPT)
     assert "precision_diagnostics" in parts  # (the bench needs the diagnostics extra)
     for label, overrides in S.cases(base.callbacks):
-        cfg = G.compose(overrides)  # `~callbacks.<name>` of a name the config lacks fails here
+        cfg = compose_cfg("train", overrides)  # `~callbacks.<name>` of a name it lacks fails
         gone = set(base.callbacks) - set(cfg.callbacks)
         expected = parts if "no callbacks" in label else set()
         assert gone == ({"precision_diagnostics"} if label == "no diagnostics" else expected), label
