@@ -126,3 +126,8 @@ def test_a_resume_keeps_the_module_class(make_cfg, tmp_path, marked_run):
     result = train(make_cfg(*again, *MARKED))
     assert result[metrics.EPOCHS] == 2 and result["test/note_length"] == len("hello")
     assert Checkpoint(last).settings["module._target_"] == "marked_module.Marked"
+
+
+def test_a_metric_by_code_as_docs_fork_md_shows_it(make_cfg):
+    result = train(make_cfg("module._target_=calibrated_module.WithCalibration"))
+    assert 0 <= result["val/ece"] <= 1 and 0 <= result[metrics.TEST_ACC] <= 1

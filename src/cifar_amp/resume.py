@@ -8,8 +8,29 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback
 
 from cifar_amp import seams
-from cifar_amp.checkpoints import MODULE_CLASS, SETTINGS, trained_by
+from cifar_amp.checkpoints import MODULE_CLASS, SETTINGS, Checkpoint, trained_by
 from cifar_amp.errors import UserError
+
+
+def start(cfg) -> Checkpoint | None:
+    """The checkpoint this run continues (None: a new run), read once, with the optimizer kernel
+    it trained with kept in `cfg` (keep_fused)."""
+    path = source(cfg)
+    if path is None:
+        return None
+    resumed = Checkpoint(path, trust=cfg.trust_checkpoint)
+    keep_fused(cfg, resumed)
+    return resumed
+
+
+def check(cfg, resumed: Checkpoint | None, prec, module, num_classes: int, loggers: dict):
+    """Refuse to continue `resumed` with other settings, classes or network (one line naming the
+    first that differs); the Record callback that writes them into every checkpoint."""
+    kept = settings(cfg)
+    if resumed:
+        resumed.check_settings(kept | {"precision": prec.name})
+        resumed.check_fits(module, num_classes)
+    return Record(kept, loggers, prec)
 
 
 def source(cfg) -> Path | None:

@@ -42,21 +42,14 @@ def train(cfg: DictConfig) -> dict:
 def build_run(cfg: DictConfig) -> Run:
     """Everything the run needs, range-checked, and the resume checked; nothing is written yet."""
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    source = resume.source(cfg)
-    resumed = Checkpoint(source, trust=cfg.trust_checkpoint) if source else None
-    prec, callbacks = build.precision(cfg, resumed), build.callbacks(cfg)
-    settings = resume.settings(cfg)
-    if resumed:  # first: it names the setting that differs
-        resumed.check_settings(settings | {"precision": prec.name})
-    loggers = build.loggers(cfg, resumed and resumed.data)
-    callbacks.append(resume.Record(settings, loggers, prec))
-    trainer = build.trainer(cfg, prec, callbacks, loggers.values())
+    resumed = resume.start(cfg)  # the checkpoint this run continues, read once
+    prec = build.precision(cfg, resumed)
     dm = build.datamodule(cfg, prec.channels_last)
-    if resumed:
-        resume.keep_fused(cfg, resumed)
     module = build.module(cfg, dm.num_classes, prec.channels_last)
-    if resumed:
-        resumed.check_fits(module, dm.num_classes)
+    loggers = build.loggers(cfg, resumed and resumed.data)
+    callbacks = build.callbacks(cfg)
+    callbacks.append(resume.check(cfg, resumed, prec, module, dm.num_classes, loggers))
+    trainer = build.trainer(cfg, prec, callbacks, loggers.values())
     # A callback may still refuse the run, or change the weights, while nothing is written.
     for cb in (cb for cb in callbacks if isinstance(cb, seams.BeforeRun)):
         cb.before_run(trainer, module)
