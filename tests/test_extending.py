@@ -70,7 +70,7 @@ def test_a_module_hyperparameter_is_one_file(copy, tiny_data, tmp_path):
     for anchor, lines in inserted_before.items():
         assert text.count(anchor) == 1, anchor
         text = text.replace(anchor, lines + anchor)
-    use = '        return loss * hp.loss_weight if stage == "train" else loss\n'
+    use = "        return loss * self.hparams.loss_weight\n"  # training_step's, the first
     text = text.replace("        return loss\n", use, 1)
     module.write_text(text)
     assert changed(copy) == ["src/cifar_amp/module.py"]

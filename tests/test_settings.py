@@ -16,7 +16,7 @@ from cifar_amp import build, config, metrics
 from cifar_amp.data.cifar import CIFARDataModule
 from cifar_amp.module import ImageClassifier
 from cifar_amp.precision import Precision
-from cifar_amp.training import train
+from cifar_amp.training import build_run, train
 from conftest import CONFIGS, REPO, SHRINK, compose_cfg
 
 LEGACY_CKPT = REPO / "tests" / "assets" / "legacy-last.ckpt"
@@ -197,3 +197,11 @@ def test_the_device_comes_from_the_accelerator_so_mps_stays_mps(monkeypatch):
     mps = SimpleNamespace(root_device=torch.device("mps"))
     prec.setup(SimpleNamespace(strategy=mps, precision_plugin=plugin))
     assert prec.channels_last is False
+
+
+def test_a_run_lays_out_its_network_and_batches_as_its_precision_decides(make_cfg):
+    """build_run builds the network after the Trainer, whose precision decides the layout."""
+    run = build_run(make_cfg("precision=32-true"))  # channels_last on CPU
+    assert run.precision.channels_last is True and run.datamodule.channels_last is True
+    weight = next(p for p in run.module.net.parameters() if p.dim() == 4)
+    assert weight.is_contiguous(memory_format=torch.channels_last)

@@ -44,12 +44,12 @@ def build_run(cfg: DictConfig) -> Run:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     resumed = resume.start(cfg)  # the checkpoint this run continues, read once
     prec = build.precision(cfg, resumed)
-    dm = build.datamodule(cfg, prec.channels_last)
-    module = build.module(cfg, dm.num_classes, prec.channels_last)
     loggers = build.loggers(cfg, resumed and resumed.data)
     callbacks = build.callbacks(cfg)
-    callbacks.append(resume.check(cfg, resumed, prec, module, dm.num_classes, loggers))
-    trainer = build.trainer(cfg, prec, callbacks, loggers.values())
+    trainer = build.trainer(cfg, prec, callbacks, loggers.values())  # sets prec.channels_last
+    dm = build.datamodule(cfg, prec.channels_last)
+    module = build.module(cfg, dm.num_classes, prec.channels_last)
+    trainer.callbacks.append(resume.check(cfg, resumed, prec, module, dm.num_classes, loggers))
     # A callback may still refuse the run, or change the weights, while nothing is written.
     for cb in (cb for cb in callbacks if isinstance(cb, seams.BeforeRun)):
         cb.before_run(trainer, module)
