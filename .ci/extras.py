@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
 import re
 import shutil
@@ -221,39 +222,71 @@ def check(label: str, paths: list[str], tests: list[str]) -> tuple[bool, str]:
     return _result(label, run.returncode == 0, summary, start, run.stdout + run.stderr)
 
 
+# Runs the commands given (JSON: [[script, [args]], ...]) one after the other in one process, as
+# `python <script> <args>` runs each but for the interpreter's start (torch and Lightning
+# imported once), until one exits non-zero; prints each one's exit status and stderr as JSON.
+COMMANDS = """
+import contextlib, io, json, runpy, sys
+from hydra.core.global_hydra import GlobalHydra
+done = []
+for script, args in json.loads(sys.argv[1]):
+    sys.argv = [script, *args]
+    err = io.StringIO()
+    code = 0
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    GlobalHydra.instance().clear()
+    done.append({"exit": code, "stderr": err.getvalue()})
+    if code:
+        break
+print("\\n" + json.dumps(done))
+"""
+
+
 def check_deleted(name: str, table: dict[str, Extra], data: Path) -> tuple[bool, str]:
     """A copy without `name` alone: train.py trains the default recipe (one epoch of the tiny
     folder `data`) and eval.py tests its last checkpoint, or train.py stops at once with one
-    line, exit 2, naming every extra of the package that needs `name`."""
+    line, exit 2, naming every extra of the package that needs `name`. Both commands run in
+    one process (COMMANDS)."""
     users = [n for n, e in table.items() if name in e.needs and e.paths[0].startswith("src/")]
     label = f"every extra but {name}"
     with tempfile.TemporaryDirectory(prefix="extras-") as tmp:
         copy, runs = Path(tmp) / "repo", Path(tmp) / "runs"
         copy_without(table[name].paths, copy)
-        start, log = time.perf_counter(), ""
+        start = time.perf_counter()
         data_args = [f"data.data_dir={data}", "data.download=false"]
-        for cmd, args in (
+        commands = [
             ("train.py", [*data_args, "trainer.max_epochs=1"]),
             ("eval.py", [*data_args, f"ckpt_path={runs / 'train' / 'checkpoints' / 'last.ckpt'}"]),
-        ):
-            run = subprocess.run(
-                [sys.executable, cmd, *args, "trainer.enable_progress_bar=false"]
-                + [f"hydra.run.dir={runs / cmd.removesuffix('.py')}"],
-                cwd=copy,
-                env={**os.environ, "PYTHONPATH": str(copy / "src")},
-                capture_output=True,
-                text=True,
-            )
-            log += f"$ python {cmd} ...: exit {run.returncode}\n{run.stdout}{run.stderr}"
-            said = run.stderr.strip().splitlines()
-            if cmd == "train.py" and run.returncode == 2 and len(said) == 1 and users:
-                named = said[0].startswith("error: ") and all(u in said[0] for u in users)
-                return _result(
-                    label, named, f"train.py refused it in one line: {said[0]}", start, log
-                )
-            wrote = (runs / cmd.removesuffix(".py") / "metrics.json").is_file()
-            if run.returncode or not wrote:
+        ]
+        commands = [
+            (cmd, [*args, "trainer.enable_progress_bar=false", f"hydra.run.dir={runs / cmd[:-3]}"])
+            for cmd, args in commands
+        ]
+        run = subprocess.run(
+            [sys.executable, "-c", COMMANDS, json.dumps(commands)],
+            cwd=copy,
+            env={**os.environ, "PYTHONPATH": str(copy / "src")},
+            capture_output=True,
+            text=True,
+        )
+        log = f"$ python train.py ... && python eval.py ...\n{run.stdout}{run.stderr}"
+        try:
+            done = json.loads(run.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return _result(label, False, "the commands did not run", start, log)
+        said = done[0]["stderr"].strip().splitlines()
+        if done[0]["exit"] == 2 and len(said) == 1 and users:
+            named = said[0].startswith("error: ") and all(u in said[0] for u in users)
+            return _result(label, named, f"train.py refused it in one line: {said[0]}", start, log)
+        for (cmd, _), result in zip(commands, done, strict=False):
+            if result["exit"] or not (runs / cmd[:-3] / "metrics.json").is_file():
                 return _result(label, False, f"{cmd} failed", start, log)
+        if len(done) < len(commands):
+            return _result(label, False, "eval.py did not run", start, log)
     return _result(label, True, "train.py trained the default recipe, eval.py tested it", start)
 
 

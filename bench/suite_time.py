@@ -40,9 +40,9 @@ def timed(command: list[str]) -> tuple[float, int]:
 
 def summary(seconds: list[float]) -> dict[str, float]:
     return {
-        "min": round(min(seconds), 1),
-        "median": round(statistics.median(seconds), 1),
-        "max": round(max(seconds), 1),
+        "min": round(min(seconds), 3),
+        "median": round(statistics.median(seconds), 3),
+        "max": round(max(seconds), 3),
     }
 
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     for i in range(args.runs):
         for name, cmd in commands.items():
             seconds, status = timed(cmd)
-            runs[name].append({"seconds": round(seconds, 1), "exit": status})
+            runs[name].append({"seconds": round(seconds, 3), "exit": status})
             print(f"run {i + 1} {name}: {seconds:.1f} s, exit {status}", flush=True)
     result = {
         "commands": {name: shlex.join(cmd) for name, cmd in commands.items()},
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.vs:
         a, b = (result["seconds"][n]["median"] for n in ("A", "B"))
-        result["median_ratio_a_to_b"] = round(a / b, 2)
+        result["median_ratio_a_to_b"] = round(a / b, 2) if b else None
     print(json.dumps(result["seconds"] | {"ratio": result.get("median_ratio_a_to_b")}))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

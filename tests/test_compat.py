@@ -7,6 +7,7 @@ from __future__ import annotations
 import abc
 import ast
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -21,8 +22,11 @@ from conftest import REPO
 
 ROOTS = ("src", "bench", "tests", "scripts", ".ci")
 COMPATS = sorted(p for root in ("src", "bench", "tests") for p in (REPO / root).rglob("compat.py"))
+ENTRIES = [REPO / name for name in ("train.py", "eval.py", "predict.py")]
 FILES = sorted(p for root in ROOTS for p in (REPO / root).rglob("*.py") if p not in COMPATS) + [
-    REPO / name for name in ("train.py", "eval.py", "predict.py")
+    p
+    for p in ENTRIES
+    if p.is_file()  # predict.py goes with the predict extra
 ]
 OUR_ROOTS = {"cifar_amp", "bench", "hydra_plugins"} | {
     p.stem for p in (REPO / "tests").rglob("*.py")
@@ -136,6 +140,8 @@ def library_private_names(cls: type) -> set[str]:
 
 def our_classes():
     for package in ("cifar_amp", "bench"):
+        if importlib.util.find_spec(package) is None:  # bench/ deleted, as a fork may
+            continue
         root = importlib.import_module(package)
         for info in pkgutil.walk_packages(root.__path__, f"{package}."):
             if info.name.endswith((".compat", "__main__")):
@@ -224,7 +230,12 @@ def test_the_scan_finds_each_way_of_naming_a_private_name(tmp_path):
 
 
 def test_the_docs_table_is_written_from_the_compat_modules():
+    """The table in docs/reliability.md is the compat modules' (the rows of an extra a fork
+    deleted, and its compat.py with it, may stay)."""
     script = runpy.run_path(str(REPO / "scripts" / "compat_table.py"))
     text = script["DOC"].read_text()
-    assert script["written"](text) == text, "stale: python scripts/compat_table.py"
-    assert len(script["rows"]()) == sum(len(entries(p)) for p in COMPATS)
+    table = text[text.index(script["BEGIN"]) : text.index(script["END"])]
+    here = [row for row in table.splitlines() if row.startswith("| `")]
+    here = [row for row in here if (REPO / row.split("`")[3]).is_file()]
+    assert here == script["rows"](), "stale: python scripts/compat_table.py"
+    assert len(here) == sum(len(entries(p)) for p in COMPATS)

@@ -8,12 +8,14 @@ import pytest
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-import compat
 from conftest import compose_cfg
 
 # The sweeps extra's: without it this module skips (collecting it must not fail `pytest -m gpu`).
 submitit = pytest.importorskip("submitit")
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+from hydra_plugins.cifar_amp_extras.optuna_asktell_sweeper import (  # noqa: E402
+    compat as sweeper_compat,
+)
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf  # noqa: E402
 
 
@@ -32,7 +34,7 @@ def sbatch_script(overrides: list[str], folder) -> str:
     )
     base = set(OmegaConf.structured(BaseQueueConf).keys())
     executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
-    return compat.sbatch_script(executor, "python -u -m submitit.core._submit x")
+    return sweeper_compat.sbatch_script(executor, "python -u -m submitit.core._submit x")
 
 
 @pytest.mark.parametrize("search", [(), ("hparams_search=optuna",)], ids=["grid", "optuna"])

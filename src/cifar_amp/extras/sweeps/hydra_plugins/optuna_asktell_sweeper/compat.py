@@ -1,4 +1,4 @@
-"""The private Hydra and Optuna names the sweeps extra uses (the form of src/cifar_amp/compat.py).
+"""The private Hydra, Optuna and submitit names the sweeps extra and its tests use (the form of src/cifar_amp/compat.py).
 Nothing here imports optuna: Hydra imports every plugin at start-up."""
 
 from typing import Any
@@ -14,3 +14,15 @@ def raised(ret: JobReturn) -> Any:
 # optuna Trial._trial_id: the storage's id of a trial, by which a job's process re-opens it (optuna.trial.Trial(study, id)); the public number is the study's count. Fails: tests/extras/sweeps/test_sweeper.py::test_a_job_reopens_its_trial_by_the_id_it_is_given
 def trial_id(trial: Any) -> int:
     return trial._trial_id
+
+
+# submitit's Executor._executor._make_submission_file_text: the sbatch script submitit would submit, read without a SLURM cluster. Fails: tests/extras/sweeps/test_slurm.py::test_slurm_launcher_asks_for_the_trainers_nodes_and_gpus
+def sbatch_script(executor, command: str) -> str:
+    return executor._executor._make_submission_file_text(command, "0")
+
+
+# hydra._internal.config_loader_impl.ConfigLoaderImpl._apply_overrides_to_config: how Hydra applies a command line's key overrides (`a.b=1`, `+a.c=2`, `++a.d=3`, `~a.e`) to the composed config, which the tests' compose_cfg applies to a config composed once. Fails: tests/test_config.py::test_compose_cfg_is_what_hydra_composes
+def apply_key_overrides(cfg, overrides: list) -> None:
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
