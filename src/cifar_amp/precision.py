@@ -2,6 +2,7 @@
 then the layout and TF32 of the device the Trainer chose."""
 
 import logging
+import weakref
 from typing import Annotated, Optional
 
 import torch
@@ -159,13 +160,16 @@ class Autocast(MixedPrecision):
         return super().optimizer_step(optimizer, model, closure, **kwargs)
 
 
+_STARTED = weakref.WeakKeyDictionary()  # optimizer -> its param groups when momentum started
+
+
 def start_momentum(optimizer) -> None:
     """torch's fused SGD makes its momentum buffers with `empty_like` at its first step, and
     leaves them unset when the GradScaler skips that step (an overflow, routine at float16's
     first steps): the next step reads whatever the memory held. Zeros instead, once, which with
     no dampening is the first step's own buffer: momentum * 0 + gradient."""
     groups = len(optimizer.param_groups)  # fine-tuning may add one later
-    if not isinstance(optimizer, torch.optim.SGD) or optimizer.__dict__.get("_started") == groups:
+    if not isinstance(optimizer, torch.optim.SGD) or _STARTED.get(optimizer) == groups:
         return
     for group in optimizer.param_groups:
         if group["momentum"] and not group["dampening"]:
@@ -173,4 +177,4 @@ def start_momentum(optimizer) -> None:
                 state = optimizer.state[p]
                 if state.get("momentum_buffer") is None:
                     state["momentum_buffer"] = torch.zeros_like(p)
-    optimizer._started = groups
+    _STARTED[optimizer] = groups
