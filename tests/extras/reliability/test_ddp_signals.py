@@ -111,7 +111,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("accumulate", [1, 3])
+@pytest.mark.parametrize("accumulate", [3])  # windows of 3, and an epoch's last of 1
 def test_ddp_a_signal_to_the_command_stops_every_rank_at_one_step_and_resumes_exactly(
     tmp_path, tiny_data, accumulate
 ):
