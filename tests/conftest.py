@@ -293,13 +293,15 @@ def spy(monkeypatch, owner, name: str) -> list:
     return returned
 
 
-def command(monkeypatch, capsys, entry: str, *args: str) -> tuple[int, str]:
+def command(monkeypatch, capsys, entry: str, *args: str, cwd=REPO) -> tuple[int, str]:
     """Run `python <entry> <args>` (a script of the repository, or `-m <module>`) in this
-    process, as the command runs it but for the interpreter's start: (its exit status, its
-    stderr). Hydra's global state and the root logger's handlers are put back after."""
+    process, from `cwd`, as the command runs it but for the interpreter's start: (its exit
+    status, its stderr; an exception that escapes is the interpreter's traceback and exit 1).
+    Hydra's global state and the root logger's handlers are put back after."""
     import logging
     import runpy
     import sys
+    import traceback
 
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -308,7 +310,7 @@ def command(monkeypatch, capsys, entry: str, *args: str) -> tuple[int, str]:
     handlers, level = root.handlers[:], root.level
     module = entry.removeprefix("-m ") if entry.startswith("-m ") else None
     monkeypatch.setattr(sys, "argv", [module or str(REPO / entry), *args])
-    monkeypatch.chdir(REPO)
+    monkeypatch.chdir(cwd)
     capsys.readouterr()
     try:
         if module:
@@ -318,6 +320,9 @@ def command(monkeypatch, capsys, entry: str, *args: str) -> tuple[int, str]:
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception:
+        traceback.print_exc()
+        code = 1
     finally:
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = None

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +15,7 @@ from cifar_amp.errors import UserError
 from cifar_amp.module import ImageClassifier
 from cifar_amp.precision import Precision
 from cifar_amp.training import train
-from conftest import REPO, SHRINK, compose_cfg
+from conftest import SHRINK, command, compose_cfg
 
 SMALL = {"_target_": "cifar_amp.models.small_cnn.SmallCNN", "width": 8, "hidden": 32}
 
@@ -145,20 +142,13 @@ def test_used_run_dir_is_refused_unless_resuming(tmp_path):
         pass
 
 
-def _cli(tmp_path, *overrides, env=None):
+def _cli(monkeypatch, capsys, tmp_path, *overrides) -> tuple[int, str]:
+    """train.py with `overrides`, in this process (conftest.command): exit status, stderr."""
     args = [*SHRINK, f"hydra.run.dir={tmp_path / 'run'}", *overrides]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        check=False,  # the tests assert the exit code
-    )
+    return command(monkeypatch, capsys, "train.py", *args, cwd=tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # each, the whole command up to its refusal: about a second
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -174,25 +164,24 @@ def _cli(tmp_path, *overrides, env=None):
         ),
     ],
 )
-def test_cli_reports_bad_input_without_traceback(tmp_path, tiny_data, overrides, message):
-    proc = _cli(tmp_path, f"data.data_dir={tiny_data}", *overrides)
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    assert message in proc.stderr
+def test_cli_reports_bad_input_without_traceback(
+    monkeypatch, capsys, tmp_path, tiny_data, overrides, message
+):
+    code, err = _cli(monkeypatch, capsys, tmp_path, f"data.data_dir={tiny_data}", *overrides)
+    assert code != 0
+    assert "Traceback" not in err
+    assert message in err
     if message.startswith("error: "):  # ours: the message is one line
-        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]
         assert line.startswith(message)
 
 
 @pytest.mark.slow
-def test_cli_full_traceback_on_request(tmp_path, tiny_data):
-    proc = _cli(
-        tmp_path,
-        f"data.data_dir={tiny_data}",
-        "module.optimizer.lr=-1",
-        env={"HYDRA_FULL_ERROR": "1"},
-    )
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
+def test_cli_full_traceback_on_request(monkeypatch, capsys, tmp_path, tiny_data):
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    bad = ("module.optimizer.lr=-1", f"data.data_dir={tiny_data}")
+    code, err = _cli(monkeypatch, capsys, tmp_path, *bad)
+    assert code != 0 and "Traceback" in err
 
 
 # How pyproject.toml's lines read in the installed project's metadata (errors.pip_commands).
