@@ -98,7 +98,7 @@ class Precision(seams.PrecisionMode):
             kind = "bfloat16" if self.asked.startswith("bf16") else "float16"
             why = f" ({self.asked} asked: this {device.type.upper()} emulates {kind}; "
             why += "precision.where_emulated=null trains in it all the same)"
-        elif self.where_emulated:
+        elif self.where_emulated and self.where_emulated != self.name:
             why = f" (native here; {self.where_emulated} where emulated)"
         log.info(f"Precision: {self.name}{why}, layout {layout}{tf32}")
 

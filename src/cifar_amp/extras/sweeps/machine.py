@@ -46,13 +46,9 @@ def emulated(device: str) -> dict[str, str]:
     """mode -> why, for the modes a `device` ("cpu" or "cuda") of this machine emulates."""
     bf16, fp16 = native(device)
     name = "CPU" if device == "cpu" else torch.cuda.get_device_name()
-    out = {}
-    if not fp16:
-        why = f"this machine's {name} has no native float16 kernels (it emulates them, many times slower than 32-true)"
-        out |= dict.fromkeys(FLOAT16, why)
-    if not bf16:
-        out |= dict.fromkeys(BFLOAT16, f"{name} has no native bfloat16")
-    return out
+    kinds = [kind for kind, ok in (("float16", fp16), ("bfloat16", bf16)) if not ok]
+    why = f"this machine's {name} emulates {' and '.join(kinds)}, many times slower than 32-true"
+    return dict.fromkeys([*([] if fp16 else FLOAT16), *([] if bf16 else BFLOAT16)], why)
 
 
 def _device(accelerator) -> str | None:
