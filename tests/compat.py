@@ -66,3 +66,10 @@ def cuda_graphs_recorded(device: int = 0) -> bool:
     from torch._inductor import cudagraph_trees
 
     return cudagraph_trees.get_manager(device, create_if_none_exists=False) is not None
+
+
+# hydra._internal.config_loader_impl.ConfigLoaderImpl._apply_overrides_to_config: how Hydra applies a command line's key overrides (`a.b=1`, `+a.c=2`, `++a.d=3`, `~a.e`) to the composed config, which the tests' compose_cfg applies to a config composed once. Fails: tests/test_config.py::test_compose_cfg_is_what_hydra_composes
+def apply_key_overrides(cfg, overrides: list) -> None:
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)

@@ -15,7 +15,9 @@ import pytest
 from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 import compat
 from cifar_amp import config, metrics
@@ -113,7 +115,7 @@ def compose_cfg(
     cfg = copy.deepcopy(_compose(config_name, choices, return_hydra_config))
     try:
         compat.apply_key_overrides(cfg, OverridesParser.create().parse_overrides(keys))
-    except Exception:
+    except (HydraException, OmegaConfBaseException):  # Hydra's error, from Hydra's compose
         cfg = copy.deepcopy(_compose(config_name, tuple(rest), return_hydra_config))
     for override in OverridesParser.create().parse_overrides(per_test):
         OmegaConf.update(cfg, override.key_or_group, override.value(), merge=False)

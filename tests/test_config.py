@@ -154,3 +154,15 @@ def test_compose_cfg_is_what_hydra_composes(overrides):
     ours = compose_cfg("train", overrides)
     assert OmegaConf.to_container(ours) == OmegaConf.to_container(hydras)
     assert OmegaConf.is_struct(ours) == OmegaConf.is_struct(hydras)
+
+
+def test_key_overrides_reuse_the_config_composed_for_the_options():
+    """compose_cfg composes once per set of options; key overrides cost no compose of their own
+    (a fallback to Hydra's compose on every call once hid a missing helper)."""
+    from conftest import _compose, compose_cfg
+
+    compose_cfg("train", ["trainer=cpu"])
+    composed = _compose.cache_info().misses
+    cfg = compose_cfg("train", ["trainer=cpu", "trainer.max_epochs=7", "+callbacks.x.y=1"])
+    assert _compose.cache_info().misses == composed
+    assert cfg.trainer.max_epochs == 7 and cfg.callbacks.x.y == 1

@@ -19,10 +19,3 @@ def trial_id(trial: Any) -> int:
 # submitit's Executor._executor._make_submission_file_text: the sbatch script submitit would submit, read without a SLURM cluster. Fails: tests/extras/sweeps/test_slurm.py::test_slurm_launcher_asks_for_the_trainers_nodes_and_gpus
 def sbatch_script(executor, command: str) -> str:
     return executor._executor._make_submission_file_text(command, "0")
-
-
-# hydra._internal.config_loader_impl.ConfigLoaderImpl._apply_overrides_to_config: how Hydra applies a command line's key overrides (`a.b=1`, `+a.c=2`, `++a.d=3`, `~a.e`) to the composed config, which the tests' compose_cfg applies to a config composed once. Fails: tests/test_config.py::test_compose_cfg_is_what_hydra_composes
-def apply_key_overrides(cfg, overrides: list) -> None:
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
