@@ -44,7 +44,7 @@ def test_dry_run_prints_the_table_and_rewrites_the_record(tmp_path, capsys):
         "`pytest -m gpu`",
         "the default test suite",
     ):
-        assert any(promise in t for t in targets), promise
+        assert any(promise in t for t in targets), (promise, data.get("failed"))
     text = doc.read_text()
     assert text.startswith("# GPU\n\nbefore\n\n") and text.endswith(f"{T.END}\n\nafter\n")
     assert "an older record" not in text and text.count(T.START) == 1
