@@ -6,6 +6,7 @@ run killed midway keeps what it finished. `make bench-gpu` (bench/gpu.py) runs i
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import time
@@ -14,13 +15,20 @@ from pathlib import Path
 
 def run_sections(jobs: list, budget: float, data: dict, save, folder: Path, start_method: str):
     """Run each job (name, share, fn, arg) as `fn(arg, keep)` in a process of its own (started
-    by `start_method`: CUDA cannot be forked; a fork starts in a blink, imports done), given
+    by `start_method`: CUDA cannot be forked, so "spawn"; on CPU "forkserver": each child is a
+    fork, imports done, of a server that imported torch and Lightning once, not of this process,
+    which may have run a backward pass already, after which a fork's cannot run), given
     `share` / (the shares left) of what is left of `budget` seconds; `save(data)` after each.
     An `arg` with a `deadline` attribute gets its deadline (time.time()). A job still running
     then is killed (its process group: its own subprocesses too) and recorded in `data["cut"]`,
     with what it passed to `keep` so far as its result; one that raised (or died), in
     `data["failed"]`."""
     start = time.perf_counter()
+    context = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        context.set_forkserver_preload(
+            ["torch", "lightning", *{fn.__module__ for _, _, fn, _ in jobs}]
+        )
     shares = sum(share for _, share, *_ in jobs)
     for name, share, fn, arg in jobs:
         limit = max(0.0, budget - (time.perf_counter() - start)) * share / shares
@@ -28,7 +36,7 @@ def run_sections(jobs: list, budget: float, data: dict, save, folder: Path, star
         if hasattr(arg, "deadline"):
             arg.deadline = time.time() + limit
         began = time.perf_counter()
-        result, status = _in_child(fn, arg, folder / f"{name}.json", limit, start_method)
+        result, status = _in_child(fn, arg, folder / f"{name}.json", limit, context)
         took = time.perf_counter() - began
         if result is not None:
             data[name] = result
@@ -40,12 +48,10 @@ def run_sections(jobs: list, budget: float, data: dict, save, folder: Path, star
         save(data)
 
 
-def _in_child(fn, arg, path: Path, limit: float, method: str) -> tuple[object, str]:
+def _in_child(fn, arg, path: Path, limit: float, context) -> tuple[object, str]:
     """(what the child kept or returned, "done" | "cut" | why it failed)."""
-    import multiprocessing
-
     path.unlink(missing_ok=True)
-    proc = multiprocessing.get_context(method).Process(target=_child, args=(fn, arg, path))
+    proc = context.Process(target=_child, args=(fn, arg, path))
     proc.start()
     try:
         proc.join(limit)
@@ -68,7 +74,7 @@ def _child(fn, arg, path: Path) -> None:
     os.setpgrp()  # a group of its own: killing it kills its subprocesses (train.py, pytest)
     if getattr(arg, "device", None) == "cpu":
         # Tiny networks: a second thread's waits on a busy CPU cost more than it adds; and one
-        # thread is what makes torch safe in a forked process (as in a DataLoader worker).
+        # thread is what keeps torch's intra-op pool out of a forked process's way.
         import torch
 
         torch.set_num_threads(1)

@@ -714,7 +714,7 @@ def run(args, out: Path) -> dict:
         jobs.append((name, SHARES[name], RUNS[name], ctx))
     left = args.budget - RESERVE_S - (time.perf_counter() - start)
     (out / "sections").mkdir(exist_ok=True)
-    budget.run_sections(jobs, left, data, save, out / "sections", "spawn" if cuda else "fork")
+    budget.run_sections(jobs, left, data, save, out / "sections", "spawn" if cuda else "forkserver")
     save(data)
     shutil.rmtree(work, ignore_errors=True)
     return data

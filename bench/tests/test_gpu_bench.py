@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from bench import airbench, budget, framework
 from bench import gpu as G
@@ -191,6 +192,26 @@ def test_a_section_past_its_deadline_is_cut_and_the_next_gets_what_is_left(tmp_p
     assert list(data["cut"]) == ["b"] and data["cut"]["b"].startswith("cut by the deadline after")
     assert data["failed"] == {"c": "RuntimeError('no kernel')"}
     assert len(saved) == 4 and '"a": {"ran": 1}' in saved[0]  # written as each one ends
+
+
+def backward(arg, keep):
+    x = torch.ones(2, requires_grad=True)
+    (x * arg).sum().backward()
+    return x.grad.tolist()
+
+
+@pytest.mark.slow  # a torch.compile: about 10 s
+def test_a_section_trains_after_this_process_compiled_one(tmp_path):
+    # A fork of a process whose compiled step ran backward cannot run one (autograd's threads):
+    # a pytest worker may have run test_compile's before the dry run, so the CPU sections are
+    # forks of a server instead.
+    torch.compile(torch.nn.Linear(2, 2))(torch.ones(1, 2)).sum().backward()
+    data = {}
+    budget.run_sections(
+        [("b", 1.0, backward, 3.0)], 60.0, data, lambda d: None, tmp_path, "forkserver"
+    )
+    assert "failed" not in data, data["failed"]
+    assert data["b"] == [3.0, 3.0]
 
 
 @pytest.mark.slow
