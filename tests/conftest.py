@@ -28,6 +28,9 @@ SUBSET = REPO.parent / "shared" / "data" / "cifar10-subset"
 ASSETS = REPO / "tests" / "assets"
 CIFAR = ("data=cifar10", "data=cifar100")  # checkpoints written by earlier releases
 
+# The curves extra's pictures took half of a tiny run (matplotlib): drawn where a test asks,
+# make_cfg(..., pictures=True). `++`: whether or not the extra is there.
+PICTURES = ("++callbacks.curves=null", "++callbacks.confusion=null")
 SHRINK = (
     "trainer=cpu",
     "trainer.max_epochs=1",
@@ -41,12 +44,8 @@ SHRINK = (
     "model.width=8",
     "model.hidden=32",
     "module.optimizer.lr=0.05",  # the default 0.2 suits the BatchNorm nets, not small_cnn
-    # The curves extra's pictures took half of a tiny run (matplotlib): drawn where a test asks,
-    # make_cfg(..., pictures=True). `++`: whether or not the extra is there.
-    "++callbacks.curves=null",
-    "++callbacks.confusion=null",
+    *PICTURES,
 )
-PICTURES = ("++callbacks.curves=null", "++callbacks.confusion=null")
 
 # pytest-xdist runs one worker per core (addopts): a worker whose torch also used every core
 # would share each core with the other workers' threads, slower than one thread each.

@@ -98,7 +98,8 @@ def test_a_bad_fallback_mode_is_one_line(make_cfg):
 
 def test_a_resumed_run_goes_on_in_the_mode_it_began_in_even_where_emulated(monkeypatch):
     monkeypatch.setattr(precision, "native", lambda device_type: (False, False))
-    fresh, resumed = (precision.Precision("bf16-mixed", where_emulated="32-true") for _ in "ab")
+    fresh = precision.Precision("bf16-mixed", where_emulated="32-true")
+    resumed = precision.Precision("bf16-mixed", where_emulated="32-true")
     fresh.settle("cpu")
     resumed.settle("cpu", resumes="bf16-mixed")
     assert (fresh.name, resumed.name) == ("32-true", "bf16-mixed")

@@ -10,8 +10,8 @@ What it does out of sight, so that a subclass's steps and hooks stay its own:
   overrides an epoch hook loses nothing.
 - A checkpoint holds the running training metrics, reset where the epoch ended, so a resume
   from anywhere logs what the uninterrupted run logs.
-- Lightning sets `_current_fx_name` twice at each hook call (36 times a step); it is stored
-  without nn.Module.__setattr__'s checks (six Python calls a set).
+- Lightning sets the running hook's name (`compat.HOOK_NAME`) twice at each hook call (36
+  times a step); it is stored without nn.Module.__setattr__'s checks (six Python calls a set).
 - The test stage also counts a confusion matrix, `confusion` once the test has ended: per-class
   accuracy in metrics.json, and the curves extra's picture of it."""
 

@@ -28,10 +28,6 @@ from typing import Any, Callable
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-
-# Private name of Lightning's (SweepRanks replaces it during a sweep job; tests/extras/multirun/test_multirun.py
-# checks that Lightning still calls it): lightning.pytorch.strategies.launchers.subprocess_script.
-# _launch_process_observer, the thread that watches the ranks `ddp` starts.
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from cifar_amp.cli import end_process_group

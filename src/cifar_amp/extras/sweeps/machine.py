@@ -46,9 +46,15 @@ def emulated(device: str) -> dict[str, str]:
     """mode -> why, for the modes a `device` ("cpu" or "cuda") of this machine emulates."""
     bf16, fp16 = native(device)
     name = "CPU" if device == "cpu" else torch.cuda.get_device_name()
-    kinds = [kind for kind, ok in (("float16", fp16), ("bfloat16", bf16)) if not ok]
+    kinds, modes = [], []
+    if not fp16:
+        kinds.append("float16")
+        modes += FLOAT16
+    if not bf16:
+        kinds.append("bfloat16")
+        modes += BFLOAT16
     why = f"this machine's {name} emulates {' and '.join(kinds)}, many times slower than 32-true"
-    return dict.fromkeys([*([] if fp16 else FLOAT16), *([] if bf16 else BFLOAT16)], why)
+    return dict.fromkeys(modes, why)
 
 
 def _device(accelerator) -> str | None:
