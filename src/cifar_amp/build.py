@@ -15,6 +15,7 @@ from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 from cifar_amp import config, messages, seams
 from cifar_amp.checkpoints import MODULE_CLASS, Checkpoint
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
+from cifar_amp.lean_module import LeanModule
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,15 @@ def module(cfg: DictConfig, num_classes: int, channels_last=False):
     # Not recursive: the module builds `net` (keeping its config), configure_optimizers the rest.
     net = OmegaConf.to_container(cfg.model, resolve=True)
     args = dict(num_classes=num_classes, channels_last=channels_last)
+    # A LeanModule ranks its best validation value by the run's monitor; a module of another
+    # kind logs what it logs, and the checkpoint callbacks read the monitor from the config.
+    try:
+        cls = get_class(cfg.module._target_)
+        lean = issubclass(cls, LeanModule) and "monitor" in config.arguments(cls)
+    except Exception:  # build() below names a _target_ that does not import
+        lean = False
+    if lean:
+        args |= dict(monitor=cfg.monitor.metric, monitor_mode=cfg.monitor.mode)
     return build(cfg.module, "module", recursive=False, net=net, **args)
 
 

@@ -9,6 +9,7 @@ from cifar_amp.errors import UserError
 
 SETTINGS = "run_settings"  # the top-level key of what a resume must keep (resume.py writes it)
 MODULE_CLASS = "module._target_"  # the LightningModule's class, of SETTINGS
+MONITOR = "monitor.metric"  # the metric that ranked the run's checkpoints, of SETTINGS
 # What trained the checkpoints that are older than the record of it.
 TEMPLATE_MODULE = "cifar_amp.module.ImageClassifier"
 
@@ -87,5 +88,6 @@ class Checkpoint:
             )
         if problems := mismatch(self.data["state_dict"], module.state_dict()):
             raise UserError(
-                f"{self.where} does not fit this model (check model=...): " + "; ".join(problems)
+                f"{self.where} does not fit this model (check model=... and module.metrics): "
+                + "; ".join(problems)
             )

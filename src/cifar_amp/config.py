@@ -26,7 +26,7 @@ RUN_ID = secrets.token_hex(3)  # one per process; `${run_id:}` in run dir names
 NOT_SETTINGS = {
     "model": ("num_classes",),
     "data": ("channels_last",),
-    "module": ("net", "num_classes", "channels_last"),
+    "module": ("net", "num_classes", "channels_last", "monitor", "monitor_mode"),
     "module/optimizer": ("params",),
     "module/scheduler": ("optimizer", "total_steps", "epochs", "steps_per_epoch", "last_epoch"),
     "trainer": ("precision", "callbacks", "logger", "default_root_dir"),
@@ -154,6 +154,16 @@ def schema_node(target: Any, exclude: tuple[str, ...] = (), path: str | None = N
 
 
 @dataclass
+class Monitor:
+    """The validation metric that ranks a run's checkpoints, `val/<metric>`: the best checkpoint
+    (callbacks.model_checkpoint), early stopping, `val/<metric>_best` in metrics.json, and what
+    train.py returns to sweepers (`optimized_metric`). A LeanModule checks it before training."""
+
+    metric: str = metrics.ACC  # a name of module.metrics, or `loss`
+    mode: str = "max"  # max: higher is better (accuracy, F1); min: lower is (loss)
+
+
+@dataclass
 class TrainConfig:
     """The top of `configs/train.yaml`; each part is a `_target_` node built by build.py."""
 
@@ -169,11 +179,12 @@ class TrainConfig:
     ckpt_path: Optional[str] = None  # resume from this checkpoint (or `last`, `hpc`)
     trust_checkpoint: bool = False  # unpickle any object a checkpoint holds, for files you trust
     test: bool = True  # test the best checkpoint after fit
-    optimized_metric: str = metrics.VAL_ACC_BEST  # what train.py returns, for sweepers
+    monitor: Monitor = field(default_factory=Monitor)
+    optimized_metric: str = "${best:${monitor.metric}}"  # what train.py returns, for sweepers
 
 
 # The top of `configs/eval.yaml` is train.yaml's (the same Field objects) less fit's own fields.
-FIT_ONLY = ("model", "module", "test", "optimized_metric")
+FIT_ONLY = ("model", "module", "test", "monitor", "optimized_metric")
 EvalConfig = dataclasses.make_dataclass(
     "EvalConfig", [(f.name, f.type, f) for f in fields(TrainConfig) if f.name not in FIT_ONLY]
 )
@@ -200,6 +211,9 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
                     group="schema", name=path, node=schema_node(_target(path, f), exclude, path)
                 )
     OmegaConf.register_new_resolver("metric", metrics.resolve, replace=True)
+    # ${monitored:${monitor.metric}} -> val/acc; ${best:${monitor.metric}} -> val/acc_best
+    OmegaConf.register_new_resolver("monitored", lambda name: metrics.key("val", name), replace=True)
+    OmegaConf.register_new_resolver("best", metrics.best, replace=True)
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID, replace=True)
 
 

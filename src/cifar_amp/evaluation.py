@@ -6,8 +6,8 @@ from pathlib import Path
 import lightning as L
 from omegaconf import DictConfig
 
-from cifar_amp import build, metrics, runs, seams
-from cifar_amp.checkpoints import Checkpoint
+from cifar_amp import build, lean_module, metrics, runs, seams
+from cifar_amp.checkpoints import MONITOR, Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.lean_module import LeanModule
 
@@ -24,11 +24,14 @@ def evaluate(cfg: DictConfig) -> dict:
     dm = build.datamodule(cfg, prec.channels_last)
     module = build.module_from_checkpoint(ckpt, channels_last=prec.channels_last)
     ckpt.check_fits(module, dm.num_classes)
+    lean_module.attach(trainer, module)
     runs.save_config(cfg)
     trainer.test(module, datamodule=dm)
     path = str(Path(cfg.ckpt_path).resolve())
+    # The metric that ranked the checkpoint's run: eval.py returns its test value.
+    monitor = {metrics.MONITOR: ckpt.settings.get(MONITOR, metrics.ACC)}
     return runs.write_metrics(
-        cfg, tested(trainer) | {metrics.PRECISION: prec.name, "ckpt_path": path}
+        cfg, tested(trainer) | {metrics.PRECISION: prec.name, "ckpt_path": path} | monitor
     )
 
 
@@ -47,5 +50,7 @@ def tested(trainer: L.Trainer) -> dict:
     return out
 
 
-def main(cfg: DictConfig) -> float:
-    return evaluate(cfg)[metrics.TEST_ACC]
+def main(cfg: DictConfig) -> float | None:  # the test value of the metric the run monitored
+    result = evaluate(cfg)
+    value = result.get(metrics.key("test", result[metrics.MONITOR]))
+    return None if value is None else float(value)

@@ -6,8 +6,11 @@ What it does out of sight, so that a subclass's steps and hooks stay its own:
 - The metrics (`metrics`: name -> a torchmetrics class and its arguments) take a stage's steps
   once an epoch, and at each checkpoint, not at every step: an update per step cost about 200
   Python calls. They are logged as `<stage>/loss` and `<stage>/<name>` at each epoch's end by
-  `EpochMetrics`, a callback this module brings (`configure_callbacks`), so a subclass that
-  overrides an epoch hook loses nothing.
+  `EpochMetrics`, a callback that train.py and eval.py attach (and `configure_callbacks`, for a
+  Trainer of your own), so a subclass that overrides an epoch hook loses nothing. A stage whose
+  batches ran without a `track()` call stops the run, naming the step.
+- The best validation value of the run's `monitor` (config.Monitor: `acc` unless set) is
+  `val/<monitor>_best`, checkpointed.
 - A checkpoint holds the running training metrics, reset where the epoch ended, so a resume
   from anywhere logs what the uninterrupted run logs.
 - Lightning sets the running hook's name (`compat.HOOK_NAME`) twice at each hook call (36
@@ -20,11 +23,11 @@ from collections.abc import Mapping
 import torch
 from lightning import Callback, LightningModule
 from torch import Tensor
-from torchmetrics import MaxMetric, MeanMetric, Metric
+from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from cifar_amp import compat, config, metrics, seams
-from cifar_amp.errors import InvalidArgument
+from cifar_amp.errors import InvalidArgument, UserError
 
 STAGES = ("train", "val", "test")
 # A stage's queued logits beyond this many numbers are handed to its metrics before the epoch
@@ -65,25 +68,36 @@ class LeanModule(LightningModule):
     """See the module's doc. `metrics`: name -> {"_target_": a torchmetrics class, arguments};
     each is computed in every stage on (logits, class indices)."""
 
-    def __init__(self, metrics: Mapping[str, Mapping], num_classes: int) -> None:
+    def __init__(
+        self,
+        metrics: Mapping[str, Mapping],
+        num_classes: int,
+        monitor: str = metrics.ACC,  # the run's monitor.metric (build.module passes it)
+        monitor_mode: str = "max",  # the run's monitor.mode
+    ) -> None:
         super().__init__()
         self.metric_names = list(metrics)
         for stage in STAGES:
             setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
             for name, node in metrics.items():
                 setattr(self, f"{stage}_{name}", build_metric(name, node, num_classes))
-        self.val_acc_best = MaxMetric()  # of val/acc, where `acc` is a metric
+        check_monitor(monitor, monitor_mode, self.stage_metrics("val"))
+        self.monitor = monitor
+        self.best_name = f"val_{monitor}_best"  # val_acc_best by default, as checkpoints hold it
+        setattr(self, self.best_name, MaxMetric() if monitor_mode == "max" else MinMetric())
         # Checkpointed: the best score, and the running training metrics for a mid-epoch resume.
-        for name in ("val_acc_best", "train_loss", *(f"train_{n}" for n in self.metric_names)):
+        for name in (self.best_name, "train_loss", *(f"train_{n}" for n in self.metric_names)):
             getattr(self, name).persistent(True)
         self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self.confusion: Tensor | None = None  # rows: true class, columns: predicted
         self._queued: dict[str, list] = {stage: [] for stage in STAGES}
         self._queued_size = dict.fromkeys(STAGES, 0)
+        self.tracked = dict.fromkeys(STAGES, False)  # in this stage's epoch: EpochMetrics checks
 
     def track(self, stage: str, loss: Tensor, logits: Tensor, targets: Tensor) -> None:
         """A step's mean `loss`, `logits` (N, C) and `targets`: class indices (N,), or class
         weights (N, C) such as mixup's, where each row's heaviest class is the one counted."""
+        self.tracked[stage] = True
         self._queued[stage].append((loss.detach(), logits.detach(), targets))
         self._queued_size[stage] += logits.numel()
         if self._queued_size[stage] > QUEUE_LIMIT:
@@ -116,6 +130,7 @@ class LeanModule(LightningModule):
         """Empty `stage`'s metrics and queue (before its epoch, in the epoch's grad mode)."""
         self._queued[stage].clear()
         self._queued_size[stage] = 0
+        self.tracked[stage] = False
         for metric in self.stage_metrics(stage).values():
             metric.reset()
         if stage == "test":
@@ -140,35 +155,94 @@ class LeanModule(LightningModule):
             super().__setattr__(name, value)
 
     def configure_callbacks(self) -> list[Callback]:
-        # Once per Trainer: Lightning asks at each stage, and says when one replaces another.
+        # For a Trainer of your own; train.py and eval.py attach EpochMetrics themselves
+        # (attach), so that a subclass's configure_callbacks cannot lose it.
         if any(isinstance(c, EpochMetrics) for c in self.trainer.callbacks):
             return []
         return [EpochMetrics()]
+
+
+def check_monitor(name: str, mode: str, val_metrics: dict[str, Metric]) -> None:
+    """One line, before any step, if the monitor names no metric of the module or ranks it the
+    wrong way round (`higher_is_better`, torchmetrics' own word; a loss is lower-is-better)."""
+    if mode not in ("max", "min"):
+        raise UserError(f"monitor.mode={mode}: valid: max, min")
+    metric = val_metrics.get(metrics.key("val", name))
+    if metric is None:
+        names = ", ".join(k.removeprefix("val/") for k in val_metrics)
+        raise UserError(
+            f"monitor.metric={name} names no metric of this run; its metrics: {names} "
+            "(module.metrics; `loss` is every run's)"
+        )
+    higher = False if name == metrics.LOSS else metric.higher_is_better
+    if higher is not None and mode != ("max" if higher else "min"):
+        better = "higher" if higher else "lower"
+        raise UserError(
+            f"monitor.mode={mode} for {name}, where {better} is better: monitor.mode="
+            f"{'max' if higher else 'min'}"
+        )
+
+
+def attach(trainer, module) -> None:
+    """EpochMetrics on `trainer`, where `module` is a LeanModule that needs it (once)."""
+    if isinstance(module, LeanModule) and not any(
+        isinstance(c, EpochMetrics) for c in trainer.callbacks
+    ):
+        trainer.callbacks.append(EpochMetrics())
+
+
+def untracked(module: LeanModule, stage: str) -> UserError:
+    step = {"train": "training_step", "val": "validation_step", "test": "test_step"}[stage]
+    return UserError(
+        f"{type(module).__name__}.{step} ran without calling self.track({stage!r}, loss, logits, "
+        f"targets), so {stage}/ metrics have nothing to count: call it in each {step} "
+        "(LeanModule, src/cifar_amp/lean_module.py)"
+    )
 
 
 class EpochMetrics(Callback):
     """LeanModule's epoch work: each stage's metrics logged, the best validation accuracy, the
     confusion matrix, and the training metrics saved reset at an epoch's end."""
 
+    def __init__(self) -> None:
+        self.batches = dict.fromkeys(STAGES, 0)  # of the running val or test epoch
+
     def on_train_batch_end(self, trainer, module: LeanModule, outputs, batch, batch_idx) -> None:
         # Not at on_train_epoch_end: the other callbacks' run first there, and they read these.
-        if batch_idx + 1 >= trainer.num_training_batches:
+        # A loader without a length has no num_training_batches: Lightning's look-ahead tells.
+        last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if last or batch_idx + 1 >= trainer.num_training_batches:
+            if not module.tracked["train"]:
+                raise untracked(module, "train")
             module.log_stage("train")
+            module.tracked["train"] = False
 
     # Reset in each epoch's grad mode: states made under inference_mode fail under gloo's no_grad.
     def on_validation_epoch_start(self, trainer, module: LeanModule) -> None:
         module.reset_stage("val")
         module.reset_stage("test")
+        self.batches = dict.fromkeys(STAGES, 0)
 
     on_test_epoch_start = on_validation_epoch_start
 
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, *idx) -> None:
+        self.batches["val"] += 1
+
+    def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx, *idx) -> None:
+        self.batches["test"] += 1
+
     def on_validation_epoch_end(self, trainer, module: LeanModule) -> None:
-        module.log_stage("val")  # first: it hands val/acc the epoch's steps
-        if not trainer.sanity_checking and metrics.ACC in module.metric_names:
-            module.val_acc_best(module.val_acc.compute())
-            module.log(metrics.VAL_ACC_BEST, module.val_acc_best.compute(), sync_dist=False)
+        if self.batches["val"] and not module.tracked["val"]:
+            raise untracked(module, "val")
+        module.log_stage("val")  # first: it hands val/<monitor> the epoch's steps
+        if not trainer.sanity_checking:
+            best = getattr(module, module.best_name)
+            best(getattr(module, f"val_{module.monitor}").compute())
+            module.log(metrics.best(module.monitor), best.compute(), sync_dist=False)
 
     def on_test_epoch_end(self, trainer, module: LeanModule) -> None:
+        if self.batches["test"] and not module.tracked["test"]:
+            raise untracked(module, "test")
         module.log_stage("test")
         module.confusion = module.test_confusion.compute().cpu()
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import Tensor, nn
 
-from cifar_amp import compiling, config
+from cifar_amp import compiling, config, metrics
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 from cifar_amp.lean_module import LeanModule
 from cifar_amp.tta import TTA_MODES, tta_logits
@@ -18,7 +18,7 @@ from cifar_amp.tta import TTA_MODES, tta_logits
 # The default metrics: name -> a torchmetrics class and its arguments (num_classes filled in).
 # Micro-averaged: the fraction of images classified right (torchmetrics' default is per class).
 ACCURACY = {
-    "acc": {"_target_": "torchmetrics.classification.MulticlassAccuracy", "average": "micro"}
+    metrics.ACC: {"_target_": "torchmetrics.classification.MulticlassAccuracy", "average": "micro"}
 }
 
 
@@ -42,6 +42,9 @@ class ImageClassifier(LeanModule):
         tta: str = "none",  # in test (and validation if `tta_val`): none | flip | flip_shift
         tta_shift: int = 1,  # pixels, for flip_shift (tta.py)
         tta_val: bool = False,
+        # The run's `monitor` (config.Monitor, the config's top level), passed by build.module.
+        monitor: str = metrics.ACC,
+        monitor_mode: str = "max",
     ) -> None:
         if tta not in TTA_MODES:
             raise InvalidArgument("tta", repr(tta), f"valid: {', '.join(TTA_MODES)}")
@@ -59,7 +62,7 @@ class ImageClassifier(LeanModule):
         if optimizer and optimizer.get("lr") is not None and not 0 < optimizer["lr"] < math.inf:
             raise InvalidArgument("optimizer.lr", optimizer["lr"], "must be > 0")
         net, metrics = config.plain(net), config.plain(metrics)
-        super().__init__(metrics, num_classes)
+        super().__init__(metrics, num_classes, monitor, monitor_mode)
         self.save_hyperparameters(logger=False)  # a checkpoint rebuilds this module from them
         self.net = build_net(net, num_classes)
         if channels_last:

@@ -8,7 +8,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback
 
 from cifar_amp import seams
-from cifar_amp.checkpoints import MODULE_CLASS, SETTINGS, Checkpoint, trained_by
+from cifar_amp.checkpoints import MODULE_CLASS, MONITOR, SETTINGS, Checkpoint, trained_by
 from cifar_amp.errors import UserError
 
 
@@ -55,6 +55,9 @@ def settings(cfg) -> dict:
         "model._target_": cfg.model["_target_"],
         MODULE_CLASS: cfg.module["_target_"],
         **trained_by(cfg.module),
+        # A LeanModule checkpoints each metric's running state and the monitor's best value.
+        "module.metrics": sorted(cfg.module.get("metrics") or {}),
+        MONITOR: cfg.monitor.metric,
     }
 
 

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from cifar_amp import build, evaluation, metrics, resume, runs, seams
+from cifar_amp import build, evaluation, lean_module, metrics, resume, runs, seams
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 
@@ -49,6 +49,7 @@ def build_run(cfg: DictConfig) -> Run:
     trainer = build.trainer(cfg, prec, callbacks, loggers.values())  # sets prec.channels_last
     dm = build.datamodule(cfg, prec.channels_last)
     module = build.module(cfg, dm.num_classes, prec.channels_last)
+    lean_module.attach(trainer, module)
     trainer.callbacks.append(resume.check(cfg, resumed, prec, module, dm.num_classes, loggers))
     # A callback may still refuse the run, or change the weights, while nothing is written.
     for cb in (cb for cb in callbacks if isinstance(cb, seams.BeforeRun)):
@@ -104,13 +105,14 @@ def report(run: Run, test_metrics: dict) -> dict:
     """`<run_dir>/metrics.json`, and its numbers to every logger, whose run then ends."""
     fitted, step = run.fitted, run.trainer.global_step
     head = {metrics.EPOCHS: run.trainer.current_epoch, metrics.FIT_SECONDS: run.fit_seconds}
-    best = {metrics.VAL_ACC_BEST: fitted.get(metrics.VAL_ACC_BEST)}  # null without validation
+    best_key = metrics.best(run.cfg.monitor.metric)
+    best = {best_key: fitted.get(best_key)}  # null without validation, or where not logged
     result = runs.write_metrics(
         run.cfg, run.precision.record() | head | best | fitted | test_metrics
     )
     # Every logger gets the numbers that fit did not log, a sweep's objective among them.
     numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
-    new = {k: v for k, v in numbers.items() if k not in fitted or k == metrics.VAL_ACC_BEST}
+    new = {k: v for k, v in numbers.items() if k not in fitted or k == best_key}
     for lg in run.trainer.loggers:
         lg.log_metrics(new, step=step)
         lg.finalize("finished")  # the job's last call (Lightning's "success" ends each stage)
