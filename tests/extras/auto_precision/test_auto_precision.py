@@ -18,7 +18,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import nn
 
-from cifar_amp import build, metrics
+from cifar_amp import build, metrics, precision
 from cifar_amp.checkpoints import SETTINGS
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
@@ -219,9 +219,13 @@ def test_auto_really_probes_records_its_choice_and_a_resume_keeps_it(
     run_dir = tmp_path / "run"
     first = train(make_cfg("precision=auto", "precision.probe_seconds=2", f"run_dir={run_dir}"))
     chosen = first[metrics.PRECISION]
-    assert chosen in ("32-true", "bf16-mixed")
-    for mode in ("32-true", "bf16-mixed"):
+    # This CPU's own candidates: bf16-mixed only where it has bfloat16 instructions.
+    probed = A.candidates("cpu", *precision.native("cpu"))
+    assert chosen in probed
+    for mode in probed:
         assert first[f"{A.PRECISION_PROBE}/{mode}"] > 0
+    left_out = {"32-true", "bf16-mixed", "16-mixed"} - set(probed)
+    assert not {f"{A.PRECISION_PROBE}/{mode}" for mode in left_out} & first.keys()
     # The run's batch (16: the pilot's size, so a loaded CPU cannot shrink it; the sizing of a
     # larger one is test_the_probe_sizes_its_batch_by_warm_steps_not_the_first's).
     assert first[A.PRECISION_PROBE_BATCH] == make_cfg().data.batch_size == 16
