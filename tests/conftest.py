@@ -7,6 +7,7 @@ import copy
 import errno
 import functools
 import importlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -200,6 +201,46 @@ def marked_run(built_once, tiny_data) -> Path:
         train(compose_cfg("train", (*shrink, *data, *MARKED, *TOP5)))
 
     return built_once("marked-run", make)
+
+
+# A user's run made small in its data, widths and epochs only (tests/test_user_defaults.py):
+# the layer table, the CSV logger, the pictures, the bar and the loader's workers stay on.
+USER_SMALL = (
+    "trainer=cpu",
+    "trainer.max_epochs=1",
+    "model=small_cnn",
+    "model.width=8",
+    "model.hidden=32",
+)
+
+
+@pytest.fixture(scope="session")
+def user_run(built_once):
+    """user_run(name, make_data, monkeypatch, capsys) -> a folder holding `run/`, the run dir
+    of `python train.py <make_data(folder / 'data')> *USER_SMALL`, and `data.txt`, those data
+    overrides; trained once per pytest run."""
+
+    def get(name: str, make_data, monkeypatch, capsys) -> Path:
+        def train(folder: Path) -> None:
+            data = make_data(folder / "data")
+            run = f"hydra.run.dir={folder / 'run'}"
+            code, err = command(monkeypatch, capsys, "train.py", *data, *USER_SMALL, run)
+            assert code == 0, err
+            (folder / "data.txt").write_text("\n".join(data))
+
+        return built_once(f"user-run-{name}", train)
+
+    return get
+
+
+def eval_as_a_user(built: Path, monkeypatch, capsys, run_dir: Path) -> dict:
+    """`python eval.py` on the best checkpoint of `user_run`'s run, on its data: metrics.json."""
+    ckpt = json.loads((built / "run" / "metrics.json").read_text())[metrics.TESTED_CKPT]
+    data = (built / "data.txt").read_text().split("\n")
+    args = (*data, "trainer=cpu", f"ckpt_path={ckpt}", f"hydra.run.dir={run_dir}")
+    code, err = command(monkeypatch, capsys, "eval.py", *args)
+    assert code == 0, err
+    return json.loads((run_dir / "metrics.json").read_text())
 
 
 @pytest.fixture

@@ -1,0 +1,41 @@
+"""Each of the core's data groups through train.py and eval.py as a user types them: nothing
+switched off (the layer table, the CSV logger, the pictures, the progress bar), only the data,
+the network's widths and the epochs made small (conftest.USER_SMALL). The rest of the suite
+shrinks runs further (conftest.SHRINK); these runs keep that honest: a change that breaks a
+user's default run fails here. The image folders' and predict's: tests/extras/image_folders/."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cifar_amp import metrics
+from cifar_amp.data.cifar import SPECS
+from cifar_folder import write_cifar_folder
+from conftest import eval_as_a_user
+
+
+def cifar(group: str):
+    def make(root) -> list[str]:
+        folder = write_cifar_folder(root, group, per_file=20, n_test=40)
+        return [f"data={group}", f"data.data_dir={folder}"]
+
+    return make
+
+
+@pytest.mark.parametrize("group", ["cifar10", "cifar100"])
+def test_train_py_and_eval_py_with_a_users_defaults(user_run, monkeypatch, capsys, tmp_path, group):
+    built = user_run(group, cifar(group), monkeypatch, capsys)
+    run = built / "run"
+    result = json.loads((run / "metrics.json").read_text())
+    assert result[metrics.EPOCHS] == 1 and 0 <= result[metrics.TEST_ACC] <= 1
+    assert result[metrics.VAL_ACC_BEST] is not None
+    for made in ("metrics.csv", "config.yaml", "history.json", "curves.png", "confusion.png"):
+        assert (run / made).is_file(), made
+    assert "Total Flops" in (run / "train.log").read_text()  # the layer table, with its FLOPs
+    tested = eval_as_a_user(built, monkeypatch, capsys, tmp_path)
+    assert tested[metrics.TEST_ACC] == pytest.approx(result[metrics.TEST_ACC])
+    assert len(tested[metrics.TEST_ACC_PER_CLASS]) == SPECS[group].num_classes
+    assert list(tested[metrics.TEST_ACC_PER_CLASS])[:2] == list(result[metrics.TEST_ACC_PER_CLASS])[:2]
+    assert (tmp_path / "confusion.png").is_file()
