@@ -61,11 +61,11 @@ def interpreter_dirs() -> list[Path]:
 
 
 def user_code(top: str) -> bool:
-    """Whether top-level module `top` is your own code: found (find_spec runs nothing of a
-    top-level name) in a folder of sys.path that is not the interpreter's: PYTHONPATH's, the
-    command's folder, an editable install's source folder (as pytest's `pythonpath` puts tests/
-    and tests/examples/ there, their classes count as a fork's). True for a name found nowhere:
-    nothing runs, and its lookup says it is missing."""
+    """Whether top-level module `top` is your own code: found in a folder of sys.path that is not
+    the interpreter's (standard library, site-packages), such as PYTHONPATH's, the command's or an
+    editable install's source folder. pytest's `pythonpath` option puts tests/ and tests/examples/
+    on sys.path, so their classes count as a fork's. find_spec of a top-level name runs none of
+    its code. A name found nowhere is allowed: nothing runs, and its lookup says it is missing."""
     if not top.isidentifier() or top in sys.stdlib_module_names:
         return False
     try:
@@ -75,9 +75,10 @@ def user_code(top: str) -> bool:
     if spec is None:
         return True
     found = [spec.origin] if spec.has_location else list(spec.submodule_search_locations or ())
-    ours = interpreter_dirs()
-    # No location: a built-in or frozen module, the interpreter's.
-    return bool(found) and not any(Path(f).resolve().is_relative_to(d) for f in found for d in ours)
+    if not found:  # a built-in or frozen module: the interpreter's
+        return False
+    interpreter = interpreter_dirs()
+    return not any(Path(f).resolve().is_relative_to(d) for f in found for d in interpreter)
 
 
 def may_import(path: str) -> bool:
