@@ -128,6 +128,9 @@ def test_a_resume_keeps_the_module_class(make_cfg, tmp_path, marked_run):
     assert Checkpoint(last).settings["module._target_"] == "marked_module.Marked"
 
 
-def test_a_metric_by_code_as_docs_fork_md_shows_it(make_cfg):
-    result = train(make_cfg("module._target_=calibrated_module.WithCalibration"))
-    assert 0 <= result["val/ece"] <= 1 and 0 <= result[metrics.TEST_ACC] <= 1
+def test_a_metric_by_code_as_docs_fork_md_shows_it(make_cfg, tmp_path):
+    result = train(make_cfg("module._target_=flip_module.WithFlipAgreement"))
+    assert 0 <= result["val/flip_agreement"] <= 1 and 0 <= result[metrics.TEST_ACC] <= 1
+    # A fork's class, found on the path (tests/examples), is one a checkpoint may name.
+    module = build.module_from_checkpoint(Checkpoint(tmp_path / "checkpoints" / "last.ckpt"))
+    assert type(module).__name__ == "WithFlipAgreement"

@@ -169,7 +169,9 @@ def module(cfg: DictConfig, num_classes: int, channels_last=False):
 
 def module_class(ckpt: Checkpoint) -> type[L.LightningModule]:
     """The LightningModule class that trained `ckpt`, looked up by the name it records (checked
-    to be a LightningModule before anything of it is called); one line if it is not one here."""
+    to be a LightningModule before anything of it is called); one line if it is not one here.
+    Every class name `ckpt` holds is checked first: each entry rebuilding from it comes here."""
+    ckpt.check_class_names()
     path = ckpt.settings.get(MODULE_CLASS)
     try:
         cls = config.find_class(path)

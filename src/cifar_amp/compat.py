@@ -1,7 +1,7 @@
 """Every private name of Lightning and torch that the core uses, in one place: where a release
 renames or changes one, the test named beside it fails, and this is the one file to mend. Each
 entry is one line, `# <the private names>: why no public API serves. Fails: <test>`; the table
-in docs/reliability.md is made from these lines (`python .ci/compat_table.py`). An extra that
+in docs/reliability.md is made from these lines (`python scripts/compat_table.py`). An extra that
 needs private names of its own keeps them in a compat.py of its folder, in the same form."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class ImageClassifier(LeanModule):
         # configure_optimizers with the parameters, the optimizer and the run's total_steps.
         optimizer: Optional[Mapping] = None,
         scheduler: Optional[Mapping] = None,  # stepped every optimizer step; None: constant
-        # Computed in every stage, logged as <stage>/<name> (docs/fork.md, "Metrics").
+        # Computed in every stage, logged as <stage>/<name> (docs/fork.md, "A metric by config").
         metrics: Mapping[str, Mapping] = ACCURACY,
         label_smoothing: float = 0.0,  # training loss only
         channels_last: bool = False,  # NHWC weights; decided by the precision (precision.py)

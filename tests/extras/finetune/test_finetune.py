@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 import torch
@@ -120,3 +121,13 @@ def test_init_from_a_forks_own_module_checks_its_class_and_takes_its_weights(
     torch.save(ckpt, tmp_path / "gone.ckpt")
     with pytest.raises(UserError, match="trained by the module gone_package.Module, which does"):
         finetune.FineTune(str(tmp_path / "gone.ckpt"))
+
+
+def test_init_from_imports_no_module_that_a_run_may_not_use(tmp_path, monkeypatch):
+    from test_checkpoint_names import crafted
+
+    monkeypatch.delitem(sys.modules, "this", raising=False)  # it prints the Zen of Python
+    path = crafted(tmp_path, settings={"module._target_": "this.Anything"})
+    with pytest.raises(UserError, match=f"init_from={path} names this.Anything at module._targ"):
+        finetune.FineTune(str(path))
+    assert "this" not in sys.modules
