@@ -129,7 +129,7 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule, ImageData):
         download: bool = True,
         batch_size: int = 512,  # per device
         eval_batch_size: int = 1024,  # per device, for validation and test
-        val_split: float = 0.1,  # fraction of the training set held out, in [0, 1); not with folds
+        val_split: float = 0.1,  # fraction of the training set held out, in [0, 1); see folds
         # k-fold cross-validation (data/folds.py): the training set in `folds` (>= 2) folds,
         # stratified by class and drawn from `seed`; fold `fold` (in [0, folds)) validates, the
         # others train, and `val_split` is not used. null = off. Both or neither.

@@ -150,7 +150,7 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         data_dir: str,  # one subfolder per class, holding its images (jpg, png, webp, ...)
         val_dir: str | None = None,  # same layout; null = hold out `val_split` of data_dir
         test_dir: str | None = None,  # same layout; null = test on the validation images
-        val_split: float = 0.1,  # fraction of data_dir held out when there is no val_dir
+        val_split: float = 0.1,  # fraction of data_dir held out when there is no val_dir or folds
         # k-fold cross-validation (cifar_amp/data/folds.py): data_dir in `folds` (>= 2) folds,
         # stratified by class and drawn from `seed`; fold `fold` (in [0, folds)) validates, the
         # others train; `val_split` is not used, and val_dir must be null. null = off. Both
