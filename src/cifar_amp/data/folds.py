@@ -1,9 +1,8 @@
 """K-fold cross-validation of a training set: which images validate, stratified by class.
 
-Every DataModule that takes `folds` and `fold` (CIFARDataModule, the image_folders extra's, a
-fork's own: docs/fork.md) checks them with `check` in its constructor and splits its training
-set with `fold_split` once it has the labels, so a fold holds the same images whichever
-DataModule, process or DDP rank computes it.
+Every DataModule that takes `folds` and `fold` (CIFARDataModule here; any other, docs/fork.md)
+checks them with `check` in its constructor and splits its training set with `fold_split` once
+it has the labels, so a fold holds the same images whichever process or DDP rank computes it.
 """
 
 from collections.abc import Sequence
