@@ -2,6 +2,7 @@
 
 import pickle
 import urllib.error
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -152,3 +153,42 @@ def test_broken_files_are_named(tmp_path, damage, expected):
     with pytest.raises(UserError, match=expected) as err:
         datamodule(root)
     assert "data_batch_3" in str(err.value)
+
+
+def rows(images: torch.Tensor) -> list[bytes]:
+    """Each uint8 image's bytes: the tiny folders' images are all different."""
+    return [bytes(x.cpu().numpy()) for x in images]
+
+
+def test_folds_take_turns_validating_stratified_and_leave_the_test_set(tiny_data):
+    everything = rows(SPECS["cifar10"].read(tiny_data / "cifar-10-batches-py", "train")[0])
+    validated, per_class = [], []
+    for fold in range(4):
+        dm = datamodule(tiny_data, folds=4, fold=fold, seed=3)
+        (xt, _), (xv, yv) = dm.splits["train"], dm.splits["val"]
+        assert not set(rows(xt)) & set(rows(xv))
+        assert sorted(rows(xt) + rows(xv)) == sorted(everything)
+        validated += rows(xv)
+        per_class.append(torch.bincount(yv, minlength=10))
+    assert sorted(validated) == sorted(everything)  # each training image validates once
+    counts = torch.stack(per_class)
+    assert (counts.max(0).values - counts.min(0).values).max() <= 1
+    plain = datamodule(tiny_data)
+    assert torch.equal(dm.splits["test"][0], plain.splits["test"][0])
+    other_seed = datamodule(tiny_data, folds=4, fold=3, seed=4)
+    assert rows(other_seed.splits["val"][0]) != rows(dm.splits["val"][0])
+
+
+def test_each_rank_trains_on_a_shard_of_its_folds_training_images(tiny_data):
+    still = AugmentConfig(flip=False, translate=0)
+    dm = datamodule(tiny_data, folds=4, fold=1, batch_size=1000, augment=still)
+    training = set(rows(dm.splits["train"][0]))
+    shards = []
+    for rank in (0, 1):
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, overfit_batches=0)
+        loader = dm.train_dataloader()
+        assert (loader.rank, loader.world_size) == (rank, 2)
+        x = torch.cat([b[0] for b in loader]) * loader.std + loader.mean  # back to pixels
+        shards.append(set(rows(x.round().to(torch.uint8))))
+    assert shards[0] <= training and shards[1] <= training and not shards[0] & shards[1]
+    assert len(shards[0] | shards[1]) == len(training) - len(training) % 2

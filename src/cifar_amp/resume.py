@@ -51,6 +51,9 @@ def settings(cfg) -> dict:
     return {
         "data.dataset": cfg.data.get("dataset", cfg.data._target_),
         "data.batch_size": cfg.data.get("batch_size"),
+        # The images it trains and validates on (data/folds.py); null without folds.
+        "data.folds": cfg.data.get("folds"),
+        "data.fold": cfg.data.get("fold"),
         "precision": cfg.precision.name,
         "model._target_": cfg.model["_target_"],
         MODULE_CLASS: cfg.module["_target_"],

@@ -11,6 +11,7 @@ from lightning import LightningDataModule
 from torchvision.datasets import CIFAR10, CIFAR100
 from torchvision.datasets.utils import download_and_extract_archive
 
+from cifar_amp.data import folds as kfold
 from cifar_amp.data.augment import Augment
 from cifar_amp.data.batches import DeviceBatches, RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
@@ -128,7 +129,12 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule, ImageData):
         download: bool = True,
         batch_size: int = 512,  # per device
         eval_batch_size: int = 1024,  # per device, for validation and test
-        val_split: float = 0.1,  # fraction of the training set held out, in [0, 1)
+        val_split: float = 0.1,  # fraction of the training set held out, in [0, 1); see folds
+        # k-fold cross-validation (data/folds.py): the training set in `folds` (>= 2) folds,
+        # stratified by class and drawn from `seed`; fold `fold` (in [0, folds)) validates, the
+        # others train, and `val_split` is not used. null = off. Both or neither.
+        folds: int | None = None,
+        fold: int | None = None,
         augment: Augment = AUGMENT,  # on the training device, see data/augment.py
         seed: int = 42,  # the split and every augmentation draw
         channels_last: bool = False,  # batch layout; the precision decides it (build.py)
@@ -140,11 +146,14 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule, ImageData):
                 raise InvalidArgument(name, value, "must be >= 1")
         if not 0.0 <= val_split < 1.0:
             raise InvalidArgument("val_split", val_split, "must be in [0, 1)")
+        kfold.check(folds, fold)
         super().__init__()
         self.spec, self.data_dir, self.download = SPECS[dataset], data_dir, download
         self.num_classes = self.spec.num_classes  # the model's output size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.val_split, self.seed, self.channels_last = val_split, seed, channels_last
+        self.folds = folds
+        self.fold = fold
         self.augment = Augment(**augment) if isinstance(augment, dict) else augment
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -166,13 +175,25 @@ class CIFARDataModule(RestoresTrainLoader, LightningDataModule, ImageData):
         folder = self.spec.locate(self.data_dir, download=False)
         device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
         images, labels = self.spec.read(folder, "train")
-        perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
-        val, train = perm.tensor_split([int(round(len(labels) * self.val_split))])
+        train, val = self._held_out(labels)
         splits = {"train": (images[train], labels[train]), "val": (images[val], labels[val])}
         splits["test"] = self.spec.read(folder, "test")
         self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in splits.items()}
         sizes = ", ".join(f"{len(y)} {k}" for k, (_, y) in self.splits.items())
-        log.info("Data: %s on %s: %s images", folder, device, sizes)
+        log.info("Data: %s on %s: %s images%s", folder, device, sizes, self._fold_note())
+
+    def _held_out(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(training, validation) indices of the training files: the fold, else `val_split`."""
+        if self.folds:
+            return kfold.fold_split(labels, self.folds, self.fold, self.seed, self.class_names)
+        perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
+        val, train = perm.tensor_split([int(round(len(labels) * self.val_split))])
+        return train, val
+
+    def _fold_note(self) -> str:
+        if not self.folds:
+            return ""
+        return f" (val: fold {self.fold} of {self.folds}, stratified, seed {self.seed})"
 
     def _loader(self, split: str) -> DeviceBatches:
         t, train = self.trainer, split == "train"

@@ -14,6 +14,7 @@ from PIL import Image
 
 from cifar_amp import build, metrics
 from cifar_amp.data.cifar import SPECS
+from cifar_amp.data.folds import stratified_folds
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
 from cifar_amp.extras.image_folders.image_folder import ImageFolderDataModule
@@ -100,6 +101,40 @@ def test_split_meta_and_separate_folders(image_folder, tmp_path):
     shutil.rmtree(val / "bird")
     with pytest.raises(UserError, match=r"val_dir=.* lacks \['bird'\]"):
         ImageFolderDataModule(str(image_folder), val_dir=str(val))
+
+
+def test_folds_take_turns_validating_and_are_the_cores_folds(image_folder):
+    everything = ImageFolderDataModule(str(image_folder)).folder.samples
+    labels = torch.tensor([label for _, label in everything])
+    core = stratified_folds(labels, 4, seed=1)  # CIFARDataModule's folds of these labels
+    validated = []
+    for fold in range(4):
+        dm = ImageFolderDataModule(str(image_folder), folds=4, fold=fold, seed=1)
+        train_set, val = dm.samples["train"], dm.samples["val"]
+        assert val == [everything[i] for i in core[fold].tolist()]
+        assert sorted(train_set + val) == sorted(everything) and not set(train_set) & set(val)
+        assert [label for _, label in val].count(2) == 10  # 40 images a class, 10 a fold
+        assert dm.samples["test"] == val  # no test_dir: tested on the validation images
+        assert dm.where["val"] == f"fold {fold} of 4 of data.data_dir (stratified, seed 1)"
+        validated += val
+    assert sorted(validated) == sorted(everything)
+
+
+def test_folds_with_a_val_dir_or_more_than_a_class_has_are_one_line(make_folder_cfg, tmp_path):
+    run_dir = tmp_path / "run"
+    val_dir = make_folder_cfg().data.data_dir
+    with pytest.raises(UserError) as e:
+        train(make_folder_cfg("data.folds=3", "data.fold=0", f"data.val_dir={val_dir}"))
+    assert str(e.value) == (
+        f"invalid config value for data.folds: 3; not with data.val_dir={val_dir}: folds split "
+        "data.data_dir into training and validation images; drop one"
+    )
+    with pytest.raises(UserError) as e:  # known at once: the files are listed by then
+        train(make_folder_cfg("data.folds=41", "data.fold=0", f"run_dir={run_dir}"))
+    assert str(e.value).startswith(
+        "data.folds=41 is more than the 40 training images of class airplane (the smallest "
+    )
+    assert not run_dir.exists()
 
 
 def test_image_size_follows_small_images_and_upsampling_is_named(image_folder, caplog):

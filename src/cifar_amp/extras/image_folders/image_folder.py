@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import DatasetFolder
 from torchvision.transforms import v2
 
+from cifar_amp.data import folds as kfold
 from cifar_amp.data.batches import RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_transform
@@ -149,7 +150,13 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         data_dir: str,  # one subfolder per class, holding its images (jpg, png, webp, ...)
         val_dir: str | None = None,  # same layout; null = hold out `val_split` of data_dir
         test_dir: str | None = None,  # same layout; null = test on the validation images
-        val_split: float = 0.1,  # fraction of data_dir held out when there is no val_dir
+        val_split: float = 0.1,  # fraction of data_dir held out when there is no val_dir or folds
+        # k-fold cross-validation (cifar_amp/data/folds.py): data_dir in `folds` (>= 2) folds,
+        # stratified by class and drawn from `seed`; fold `fold` (in [0, folds)) validates, the
+        # others train; `val_split` is not used, and val_dir must be null. null = off. Both
+        # or neither.
+        folds: int | None = None,
+        fold: int | None = None,
         # Side of the square the network sees. null = the images' own: the shorter side when
         # every sampled image has one size (at most 224), else 224.
         image_size: int | None = None,
@@ -180,8 +187,12 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
             raise InvalidArgument("mean/std", f"{mean}/{std}", "3 values each, std > 0")
         if num_workers is not None and num_workers < 0:
             raise InvalidArgument("num_workers", num_workers, "must be >= 0 (or null)")
-        if not (val_dir or test_dir or val_split > 0):
+        if not (val_dir or test_dir or val_split > 0 or folds):
             raise InvalidArgument("val_split", val_split, "> 0 needed without val_dir or test_dir")
+        kfold.check(folds, fold)
+        if folds and val_dir:
+            why = "folds split data.data_dir into training and validation images; drop one"
+            raise InvalidArgument("folds", folds, f"not with data.val_dir={val_dir}: {why}")
         super().__init__()
         self.mean, self.std = tuple(mean), tuple(std)
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
@@ -194,6 +205,8 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         if val_dir:
             self.samples["val"] = self._same_classes(val_dir, "data.val_dir").samples
             self.where["val"] = str(val_dir)
+        elif folds:
+            self._fold(folds, fold)
         elif val_split > 0:
             self._split(val_split)
         if test_dir:
@@ -272,6 +285,16 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         self.samples["val"] = [samples[i] for i in sorted(perm[:n_val].tolist())]
         self.samples["train"] = [samples[i] for i in sorted(perm[n_val:].tolist())]
         self.where["val"] = f"{val_split:.0%} of data.data_dir (seed {self.seed})"
+
+    def _fold(self, folds: int, fold: int) -> None:
+        samples = self.samples["train"]
+        labels = torch.tensor([label for _, label in samples])
+        train, val = kfold.fold_split(labels, folds, fold, self.seed, self.classes)
+        self.samples["val"] = [samples[i] for i in val.tolist()]
+        self.samples["train"] = [samples[i] for i in train.tolist()]
+        self.where["val"] = (
+            f"fold {fold} of {folds} of data.data_dir (stratified, seed {self.seed})"
+        )
 
     @property
     def num_classes(self) -> int:
