@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import DatasetFolder
 from torchvision.transforms import v2
 
+from cifar_amp.data.augment import Mixer, Mixing
 from cifar_amp.data.batches import RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_transform
@@ -38,6 +39,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_SIZE = 224  # image_size for images of several sizes: what ImageNet networks take
 SIZE_SAMPLE = 64  # image headers read to find the images' size
 LAYOUT = "one subfolder per class holding its images, torchvision's ImageFolder layout"
+NO_MIXING = Mixing()
 
 
 class EpochSampler(DistributedSampler):
@@ -158,6 +160,9 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         # resized to image_size, then the centre crop.
         min_crop_scale: float = 0.25,
         flip: bool = True,
+        # Mixup and cutmix of the training batches on the device, as CIFAR's (data/augment.py's
+        # Mixing: mixup_alpha, cutmix_alpha); crop and flip above are this loader's own.
+        augment: Mixing = NO_MIXING,
         mean: tuple[float, float, float] = IMAGENET_MEAN,  # normalisation, [0, 1] pixel units
         std: tuple[float, float, float] = IMAGENET_STD,
         batch_size: int = 64,  # per device
@@ -189,6 +194,7 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         self.channels_last, self.test_dir = channels_last, test_dir
         self.folder = scan(data_dir, "data.data_dir")
         self.classes: list[str] = self.folder.classes
+        self.mixer = Mixer(augment, self.num_classes, seed)
         self.samples = {"train": self.folder.samples}
         self.where = {"train": str(data_dir)}
         if val_dir:
@@ -375,4 +381,4 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         mean, std = self._norm[x.device]
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         x = x.contiguous(memory_format=fmt).float().sub_(mean).div_(std)
-        return x, y
+        return self.mixer.training_batch((x, y), self.trainer)
