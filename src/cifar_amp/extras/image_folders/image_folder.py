@@ -4,9 +4,10 @@
 For data that does not fit on the device or is not 32x32: images are decoded (the template's
 one image pipeline, data/images.py) and augmented (torchvision transforms v2) in DataLoader
 worker processes, cross to the device as uint8 (a quarter of float32's bytes) into pinned
-memory, and are normalised there. Each training image's random crop and flip are drawn from
-(seed, epoch, index), so the batches are the same for any number of workers, and a resumed
-run (even mid-epoch) sees the data an uninterrupted one would.
+memory, and are normalised (and mixed: data.augment, data/augment.py's Mixer) there. Each
+training image's random crop and flip are drawn from (seed, epoch, index), so the batches are
+the same for any number of workers, and a resumed run (even mid-epoch) sees the data an
+uninterrupted one would.
 """
 
 from __future__ import annotations
