@@ -6,8 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
+from hydra import compose, initialize_config_dir
 
 from cifar_amp import cli, config, metrics
 from cifar_amp.data import augment
@@ -190,7 +189,7 @@ def test_a_mixer_leaves_evaluation_batches_alone_and_names_a_loader_without_leng
 
 @pytest.fixture
 def forked(tmp_path, monkeypatch):
-    """compose(*overrides) -> a config of configs/ with a user's DataModules: data=noise
+    """forked(*overrides) -> a config of configs/ with a user's DataModules: data=noise
     (tests/examples/noise_datamodule.py, which cannot mix) and data=mixing_noise (its
     subclass that mixes through a Mixer, docs/fork.md)."""
     configs = shutil.copytree(CONFIGS, tmp_path / "configs")
@@ -204,13 +203,12 @@ def forked(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "tests" / "examples"))
     config.register(configs)
 
-    def compose(*overrides: str):
+    def make(*overrides: str):
         shrink = [o for o in SHRINK if not o.startswith("data.")]
         with initialize_config_dir(str(configs), version_base="1.3"):
-            return hydra_compose("train", [*shrink, "test=false", *overrides])
+            return compose("train", [*shrink, "test=false", *overrides])
 
-    compose.configs = configs
-    return compose
+    return make
 
 
 def test_a_users_datamodule_mixes_through_a_mixer(forked, tmp_path):
@@ -230,7 +228,7 @@ def test_a_datamodule_that_cannot_mix_says_so_in_one_line(forked, tmp_path, caps
     cannot = "data.augment: NoiseDataModule cannot mix batches (it takes no augment argument)"
     with pytest.raises(SystemExit) as e:  # the command line, before Hydra starts
         argv = ["data=noise", "data.augment.mixup_alpha=0.3"]
-        cli.check_overrides(argv, forked.configs, "train")
+        cli.check_overrides(argv, tmp_path / "configs", "train")  # forked's
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and cannot in err
     run = tmp_path / "run"  # `+` adds the key: the build refuses it, before anything is written
