@@ -1,10 +1,19 @@
 """Batch-wise augmentation really flips, shifts and cuts out, per image."""
 
+import shutil
+from types import SimpleNamespace
+
+import pytest
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 
+from cifar_amp import cli, config, metrics
 from cifar_amp.data import augment
 from cifar_amp.data.augment import Augment as AugmentConfig
+from cifar_amp.errors import UserError
+from cifar_amp.training import train
+from conftest import CONFIGS, REPO, SHRINK
 
 
 def translate(x: torch.Tensor, shift: torch.Tensor, pad: int) -> torch.Tensor:
@@ -144,9 +153,86 @@ def test_mixed_training_batches_carry_class_weights_and_evaluation_batches_do_no
 
 
 def test_a_bad_alpha_is_refused():
-    import pytest
-
     from cifar_amp.errors import InvalidArgument
 
     with pytest.raises(InvalidArgument, match="augment.cutmix_alpha: -1; must be >= 0"):
         AugmentConfig(cutmix_alpha=-1)
+
+
+def test_a_mixer_mixes_each_batch_as_its_epochs_draws_say():
+    mixing = AugmentConfig(mixup_alpha=0.4, cutmix_alpha=1.0)
+    mixer = augment.Mixer(mixing, num_classes=5, seed=7)
+    draws = augment.mix_draws(6, epoch=2, seed=7, rank=1, cfg=mixing, shape=(24, 40))
+    x, labels = torch.rand(4, 3, 24, 40), torch.tensor([0, 1, 2, 4])
+    for b in (4, 0, 5):  # any order: a batch's mix is its index's, as after a resume
+        mixed, weights = mixer.mix(x.clone(), labels, epoch=2, rank=1, batch=b, batches=6)
+        expected = augment.mix(x.clone(), labels, 5, draws[b])
+        assert torch.equal(mixed, expected[0]) and torch.equal(weights, expected[1])
+    for m in (m for m in draws if m.cutmix):  # a box of a non-square image, within it
+        top, bottom, left, right = m.box
+        assert 0 <= top <= bottom <= 24 and 0 <= left <= right <= 40
+        assert m.share == 1 - (bottom - top) * (right - left) / (24 * 40)
+    off = augment.Mixer({"mixup_alpha": 0.0}, num_classes=5, seed=7)  # a config without schema
+    assert off.mix(x, labels, 2, 1, 0, 6) == (x, labels)
+
+
+def test_a_mixer_leaves_evaluation_batches_alone_and_names_a_loader_without_length():
+    mixer = augment.Mixer(AugmentConfig(mixup_alpha=1.0), num_classes=3, seed=0)
+    batch = (torch.rand(2, 3, 8, 8), torch.tensor([0, 2]))
+    evaluating = SimpleNamespace(training=False)
+    assert mixer.training_batch(batch, evaluating) is batch
+    assert mixer.training_batch(batch, None) is batch
+    unsized = SimpleNamespace(training=True, num_training_batches=float("inf"))
+    with pytest.raises(UserError, match="needs a training loader with a length"):
+        mixer.training_batch(batch, unsized)
+
+
+@pytest.fixture
+def forked(tmp_path, monkeypatch):
+    """forked(*overrides) -> a config of configs/ with a user's DataModules: data=noise
+    (tests/examples/noise_datamodule.py, which cannot mix) and data=mixing_noise (its
+    subclass that mixes through a Mixer, docs/fork.md)."""
+    configs = shutil.copytree(CONFIGS, tmp_path / "configs")
+    noise = "num_classes: 4\nsize: 64\nbatch_size: 16\n"
+    noise_yaml = f"_target_: noise_datamodule.NoiseDataModule\n{noise}"
+    (configs / "data" / "noise.yaml").write_text(noise_yaml)
+    (configs / "data" / "mixing_noise.yaml").write_text(
+        f"_target_: mixing_datamodule.MixingNoiseDataModule\n{noise}"
+        "augment:\n  mixup_alpha: 0.0\n  cutmix_alpha: 0.0\n"
+    )
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "examples"))
+    config.register(configs)
+
+    def make(*overrides: str):
+        shrink = [o for o in SHRINK if not o.startswith("data.")]
+        with initialize_config_dir(str(configs), version_base="1.3"):
+            return compose("train", [*shrink, "test=false", *overrides])
+
+    return make
+
+
+def test_a_users_datamodule_mixes_through_a_mixer(forked, tmp_path):
+    losses, heads = {}, {}
+    for name, mixing in {"plain": (), "mixed": ("data.augment.cutmix_alpha=1.0",)}.items():
+        run = tmp_path / name
+        result = train(forked("data=mixing_noise", f"run_dir={run}", *mixing))
+        losses[name] = result[metrics.TRAIN_LOSS]
+        last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+        heads[name] = last["state_dict"]["net.head.3.weight"]
+    # Noise images: mixing two of them leaves the loss near log(4) either way, but not equal.
+    assert losses["mixed"] != losses["plain"]
+    assert not torch.equal(heads["mixed"], heads["plain"])
+
+
+def test_a_datamodule_that_cannot_mix_says_so_in_one_line(forked, tmp_path, capsys):
+    cannot = "data.augment: NoiseDataModule cannot mix batches (it takes no augment argument)"
+    with pytest.raises(SystemExit) as e:  # the command line, before Hydra starts
+        argv = ["data=noise", "data.augment.mixup_alpha=0.3"]
+        cli.check_overrides(argv, tmp_path / "configs", "train")  # forked's
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and cannot in err
+    run = tmp_path / "run"  # `+` adds the key: the build refuses it, before anything is written
+    with pytest.raises(UserError) as e:
+        train(forked("data=noise", "+data.augment.mixup_alpha=0.3", f"run_dir={run}"))
+    assert str(e.value).startswith(cannot) and "\n" not in str(e.value)
+    assert not run.exists() or not any(run.iterdir())

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from cifar_amp import config, messages, seams
 from cifar_amp.checkpoints import MODULE_CLASS, Checkpoint
+from cifar_amp.data import augment
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError, missing_package
 from cifar_amp.lean_module import LeanModule
 
@@ -140,8 +141,11 @@ def per_stage_ranks(strategy) -> str | None:
 
 
 def datamodule(cfg: DictConfig, channels_last: bool = False) -> L.LightningDataModule:
+    takes = inspect.signature(get_class(cfg.data._target_)).parameters
+    if "augment" in cfg.data and "augment" not in takes:  # `+data.augment...`: cli.py names
+        raise UserError(augment.cannot_mix(cfg.data._target_))  # the key otherwise
     # A user's DataModule need not know about memory layouts; ours lays batches out once.
-    if "channels_last" in inspect.signature(get_class(cfg.data._target_)).parameters:
+    if "channels_last" in takes:
         return build(cfg.data, "data", channels_last=channels_last)
     if channels_last:
         log.warning(

@@ -19,6 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, ValidationError
 
 from cifar_amp import config, seams
+from cifar_amp.data import augment
 from cifar_amp.errors import fail, missing_package, pip_commands, reported
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -156,6 +157,8 @@ def _check_job(argv: list[str], config_dir: Path, config_name: str, multirun: bo
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f"did you mean {key.removesuffix(name)}{close[0]}? " if close else ""
         node = cause.parent_node if isinstance(cause.parent_node, DictConfig) else {}
+        if key == "data.augment" and "_target_" in node:  # mixing options, where none are
+            fail(augment.cannot_mix(node["_target_"]))
         of = f" ({node['_target_']})" if "_target_" in node else ""
         fail(f"{key} is not a config key; {hint}valid keys of {parent or 'the config'}{of}: {keys}")
     except Exception:  # Hydra reports anything else (syntax, ...) in its own words

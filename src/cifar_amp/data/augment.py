@@ -9,17 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cifar_amp.errors import InvalidArgument
+from cifar_amp.errors import InvalidArgument, UserError
 
 
 @dataclass
-class Augment:
-    """What the training batches get, each image with its own random draw."""
+class Mixing:
+    """Mixup and cutmix of the training batches: the options of any DataModule that mixes (its
+    `augment` argument, `data.augment.*`), applied by a :class:`Mixer`."""
 
-    flip: bool = True  # random horizontal flip, per image
-    alternate_flip: bool = False  # flip each image in alternate epochs instead of at random
-    translate: int = 4  # random shift of up to N pixels (reflect-padded crop); 0 = off
-    cutout: int = 0  # side of a random zeroed square per image; 0 = off
     # Each training batch mixed with itself shifted by one image, as timm and torchvision do:
     # mixup blends whole images, cutmix pastes a box of the other image; the batch's weight is
     # drawn from Beta(alpha, alpha), and the targets become class weights in the same shares.
@@ -28,9 +25,6 @@ class Augment:
     cutmix_alpha: float = 0.0
 
     def __post_init__(self) -> None:
-        for name, value, top in (("translate", self.translate, 16), ("cutout", self.cutout, 32)):
-            if not 0 <= value <= top:
-                raise InvalidArgument(f"augment.{name}", value, f"must be in [0, {top}]")
         for name in ("mixup_alpha", "cutmix_alpha"):
             value = getattr(self, name)
             if not 0 <= value < math.inf:
@@ -39,6 +33,34 @@ class Augment:
     @property
     def mixes(self) -> bool:
         return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+
+@dataclass
+class Augment(Mixing):
+    """What the CIFAR loader's training batches get, each image with its own random draw, and
+    the mixing of :class:`Mixing`."""
+
+    flip: bool = True  # random horizontal flip, per image
+    alternate_flip: bool = False  # flip each image in alternate epochs instead of at random
+    translate: int = 4  # random shift of up to N pixels (reflect-padded crop); 0 = off
+    cutout: int = 0  # side of a random zeroed square per image; 0 = off
+
+    def __post_init__(self) -> None:
+        for name, value, top in (("translate", self.translate, 16), ("cutout", self.cutout, 32)):
+            if not 0 <= value <= top:
+                raise InvalidArgument(f"augment.{name}", value, f"must be in [0, {top}]")
+        super().__post_init__()
+
+
+def cannot_mix(datamodule: str) -> str:
+    """The one line for `data.augment` set on the DataModule class `datamodule`, which takes no
+    `augment` argument."""
+    name = datamodule.rpartition(".")[2]
+    return (
+        f"data.augment: {name} cannot mix batches (it takes no augment argument); mixup and "
+        "cutmix need a DataModule that takes augment (data/augment.py's Mixing) and passes its "
+        "training batches through a Mixer: docs/fork.md, Mixup and cutmix"
+    )
 
 
 class Draw(NamedTuple):
@@ -101,27 +123,36 @@ class Mix(NamedTuple):
     box: tuple[int, int, int, int]  # cutmix's pasted box: top, bottom, left, right
 
 
-def mix_draws(batches: int, epoch: int, seed: int, rank: int, cfg: Augment, size: int = 32):
-    """Each batch's Mix for one epoch of `batches` batches, drawn on the host (a few numbers a
-    batch, read by the step without waiting for the device) and keyed like the flips."""
+def mix_draws(
+    batches: int, epoch: int, seed: int, rank: int, cfg: Mixing, shape: tuple[int, int] = (32, 32)
+) -> list[Mix]:
+    """Each batch's Mix for one epoch of `batches` batches of images of `shape` (height, width),
+    drawn on the host (a few numbers a batch, read by the step without waiting for the device)
+    and keyed like the flips."""
     rng = np.random.default_rng([seed % 2**32, epoch, rank])
     both = cfg.mixup_alpha > 0 and cfg.cutmix_alpha > 0
     cutmix = rng.random(batches) < 0.5 if both else np.full(batches, cfg.cutmix_alpha > 0)
     alpha = np.where(cutmix, cfg.cutmix_alpha, cfg.mixup_alpha)
     shares = rng.beta(alpha, alpha)
-    centres = rng.integers(0, size, (batches, 2))
+    centres = rng.integers(0, shape, (batches, 2))  # for square images, as with one bound
     out = []
-    for cut, share, (cy, cx) in zip(
-        cutmix.tolist(), shares.tolist(), centres.tolist(), strict=True
-    ):
+    for cut, share, centre in zip(cutmix.tolist(), shares.tolist(), centres.tolist(), strict=True):
         if not cut:
             out.append(Mix(False, share, (0, 0, 0, 0)))
             continue
-        half = int(size * math.sqrt(1 - share)) // 2  # a box of 1 - share of the image, clipped
-        box = (max(cy - half, 0), min(cy + half, size), max(cx - half, 0), min(cx + half, size))
-        pasted = (box[1] - box[0]) * (box[3] - box[2]) / size**2
+        box = cut_box(centre, share, shape)
+        pasted = (box[1] - box[0]) * (box[3] - box[2]) / (shape[0] * shape[1])
         out.append(Mix(True, 1 - pasted, box))  # the share that the clipped box leaves
     return out
+
+
+def cut_box(centre: list[int], share: float, shape: tuple[int, int]) -> tuple[int, int, int, int]:
+    """A box of 1 - share of the image, around `centre`, clipped to it: top, bottom, left, right."""
+    (cy, cx), (height, width) = centre, shape
+    half_h = int(height * math.sqrt(1 - share)) // 2
+    half_w = int(width * math.sqrt(1 - share)) // 2
+    rows = (max(cy - half_h, 0), min(cy + half_h, height))
+    return (*rows, max(cx - half_w, 0), min(cx + half_w, width))
 
 
 def mix(x: Tensor, labels: Tensor, num_classes: int, m: Mix) -> tuple[Tensor, Tensor]:
@@ -134,3 +165,44 @@ def mix(x: Tensor, labels: Tensor, num_classes: int, m: Mix) -> tuple[Tensor, Te
     else:
         x = x.mul_(m.share).add_(other_x, alpha=1 - m.share)
     return x, weights.mul_(m.share).add_(other_weights, alpha=1 - m.share)
+
+
+class Mixer:
+    """Mixup and cutmix of any DataModule's training batches, on their device: CIFAR's
+    DeviceBatches, image folders and a DataModule of yours (docs/fork.md) all mix through it.
+    A batch's mix is drawn from (seed, epoch, rank, its index in the epoch) and the epoch's
+    number of batches, on the host once an epoch, so a run resumed mid-epoch mixes as the
+    uninterrupted run did."""
+
+    def __init__(self, mixing: Mixing | dict, num_classes: int, seed: int) -> None:
+        # A DataModule built from a config without a schema is given `data.augment` as a dict.
+        self.mixing = mixing if isinstance(mixing, Mixing) else Mixing(**mixing)
+        self.num_classes, self.seed = num_classes, seed
+        self.drawn: tuple = (None, [])  # the key of the epoch drawn last, and its draws
+
+    def mix(
+        self, x: Tensor, labels: Tensor, epoch: int, rank: int, batch: int, batches: int
+    ) -> tuple[Tensor, Tensor]:
+        """Batch `batch` of the epoch's `batches` on `rank`, mixed in place, and its class
+        weights (N, C); as it is where mixing is off."""
+        if not self.mixing.mixes:
+            return x, labels
+        key = (epoch, rank, batches, tuple(x.shape[-2:]))
+        if self.drawn[0] != key:
+            self.drawn = (key, mix_draws(batches, epoch, self.seed, rank, self.mixing, key[3]))
+        return mix(x, labels, self.num_classes, self.drawn[1][batch])
+
+    def training_batch(self, batch: tuple[Tensor, Tensor], trainer) -> tuple[Tensor, Tensor]:
+        """`batch` mixed while `trainer` trains, else as it is: for a DataModule's
+        `on_after_batch_transfer`. Its index is the trainer's count of the epoch's batches
+        (the batch being transferred is not counted yet), which a resume restores."""
+        if not (self.mixing.mixes and trainer is not None and trainer.training):
+            return batch
+        batches = trainer.num_training_batches
+        if batches == math.inf:
+            raise UserError(
+                "data.augment: mixing draws an epoch's mixes at its start, so it needs a "
+                "training loader with a length (len()); this one has none"
+            )
+        index = trainer.fit_loop.epoch_loop.batch_idx + 1
+        return self.mix(*batch, trainer.current_epoch, trainer.global_rank, index, batches)

@@ -30,7 +30,8 @@ class DeviceBatches:
         self.mean, self.std = ((t * 255).to(images.device).view(1, -1, 1, 1) for t in (mean, std))
         self.train, self.augment_cfg, self.seed = train, augment_cfg, seed
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
-        self.num_classes = num_classes
+        mixes = train and augment_cfg is not None and augment_cfg.mixes
+        self.mixer = augment.Mixer(augment_cfg, num_classes, seed) if mixes else None
         self.layout = torch.channels_last if channels_last else torch.contiguous_format
         self.images_hwc = images.permute(0, 2, 3, 1).contiguous() if train and augment_cfg else None
         # Lightning calls `sampler.set_epoch` as a DistributedSampler's, and reads `batch_sampler`.
@@ -53,13 +54,9 @@ class DeviceBatches:
         if self.train and self.shuffle:  # equal shards keep DDP ranks in step
             g = augment.epoch_generator(self.seed, self.epoch, dev)
             order = torch.randperm(n, generator=g, device=dev)[: n - n % self.world_size]
-        shard, draw, mixes = order[self.rank :: self.world_size], None, None
+        shard, draw = order[self.rank :: self.world_size], None
         if self.images_hwc is not None:
             draw = augment.draw(n, self.epoch, self.seed, self.augment_cfg, dev)
-            if self.augment_cfg.mixes:
-                size = self.images.shape[-1]
-                cfg = self.augment_cfg
-                mixes = augment.mix_draws(len(self), self.epoch, self.seed, self.rank, cfg, size)
         r, self._resume_at = self._resume_at, None
         resumed = self.train and r and (r["epoch"], r["seed"]) == (self.epoch, self.seed)
         self.position = r["position"] if resumed else 0
@@ -67,8 +64,8 @@ class DeviceBatches:
             self.position = b + 1
             idx = shard[b * self.batch_size : (b + 1) * self.batch_size]
             x, y = self._batch(idx, draw)
-            if mixes is not None:
-                x, y = augment.mix(x, y, self.num_classes, mixes[b])
+            if self.mixer is not None:
+                x, y = self.mixer.mix(x, y, self.epoch, self.rank, b, len(self))
             yield x, y
 
     def _batch(self, idx: Tensor, draw: augment.Draw | None) -> tuple[Tensor, Tensor]:

@@ -6,13 +6,15 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from image_folder import write_image_folder
 from PIL import Image
 
-from cifar_amp import build, metrics
+from cifar_amp import build, cli, config, metrics
+from cifar_amp.data.augment import Mixing
 from cifar_amp.data.cifar import SPECS
 from cifar_amp.data.folds import stratified_folds
 from cifar_amp.errors import UserError
@@ -25,6 +27,7 @@ from conftest import SHRINK, SUBSET, compose_cfg
 from test_resume import EXACT, comparable
 
 CLASSES = ["airplane", "automobile", "bird"]
+MIXED = Mixing(mixup_alpha=1.0, cutmix_alpha=1.0)
 
 
 @pytest.fixture(scope="session")
@@ -203,12 +206,18 @@ def test_channels_last_batches(image_folder):
     assert x.is_contiguous(memory_format=torch.channels_last)
 
 
+MIXING = ("data.augment.mixup_alpha=0.4", "data.augment.cutmix_alpha=1.0")
+
+
 # Crash after step 7: last.ckpt is that of the end of epoch 0; after step 9: of step 8, mid-epoch 1.
-@pytest.mark.parametrize(("crash_step", "saved_at"), [(7, (0, 6)), (9, (1, 2))])
-def test_resume_matches_uninterrupted_run(make_folder_cfg, tmp_path, crash_step, saved_at):
+@pytest.mark.parametrize(
+    ("crash_step", "saved_at", "mixing"), [(7, (0, 6), ()), (9, (1, 2), ()), (9, (1, 2), MIXING)]
+)
+def test_resume_matches_uninterrupted_run(make_folder_cfg, tmp_path, crash_step, saved_at, mixing):
     # 108 training images, 16 a batch: 6 steps an epoch; workers draw the first batches of an
-    # epoch before Lightning has set it unless the loader defers that (resumable.py).
-    run = ("trainer.max_epochs=2", "data.num_workers=2", *EXACT)
+    # epoch before Lightning has set it unless the loader defers that (resumable.py). Mixed
+    # batches: each batch's mix follows its index in the epoch, on resume too.
+    run = ("trainer.max_epochs=2", "data.num_workers=2", *EXACT, *mixing)
     a = tmp_path / "a"
     train(make_folder_cfg(*run, f"run_dir={a}"))
     crashed = tmp_path / "b"
@@ -232,6 +241,62 @@ def test_resume_matches_uninterrupted_run(make_folder_cfg, tmp_path, crash_step,
     for key, value in ends[0]["state_dict"].items():
         assert not key.startswith("net.") or torch.equal(value, ends[1]["state_dict"][key]), key
     assert comparable(a) == comparable(crashed)
+
+
+def test_mixup_and_cutmix_change_training_on_an_image_folder(make_folder_cfg, tmp_path):
+    short = ("trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "test=false")
+    runs = {
+        "plain": (),
+        "mixup": ("data.augment.mixup_alpha=1.0",),
+        "cutmix": ("data.augment.cutmix_alpha=1.0",),
+    }
+    losses, heads = {}, {}
+    for name, mixing in runs.items():
+        result = train(make_folder_cfg(*short, *mixing, f"run_dir={tmp_path / name}"))
+        losses[name] = result[metrics.TRAIN_LOSS]
+        last = torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)
+        heads[name] = last["state_dict"]["net.head.3.weight"]
+    for name in ("mixup", "cutmix"):  # soft targets: a higher loss for the same network
+        assert losses[name] > losses["plain"], name
+        assert not torch.equal(heads[name], heads["plain"]), name
+
+
+def test_mixed_batches_carry_class_weights_in_training_only(image_folder):
+    dm = ImageFolderDataModule(
+        str(image_folder), image_size=32, batch_size=8, num_workers=0, augment=MIXED
+    )
+    loader = dm.train_dataloader()
+    batch = next(iter(loader))
+    plain_x, labels = dm.on_after_batch_transfer(batch, 0)  # no trainer: as evaluation
+    assert labels.shape == (8,)
+    dm.trainer = SimpleNamespace(  # the first batch of a training epoch, being transferred
+        training=True,
+        num_training_batches=len(loader),
+        current_epoch=0,
+        global_rank=0,
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=-1)),
+    )
+    x, weights = dm.on_after_batch_transfer(batch, 0)
+    assert weights.shape == (8, 3) and torch.allclose(weights.sum(1), torch.ones(8))
+    assert not torch.equal(x, plain_x)
+
+
+def test_a_bad_alpha_or_a_cifar_only_option_on_an_image_folder_is_one_line(
+    make_folder_cfg, tmp_path, capsys
+):
+    with pytest.raises(UserError) as e:
+        train(make_folder_cfg("data.augment.cutmix_alpha=-1"))
+    assert str(e.value) == (
+        "invalid config value for data.augment.cutmix_alpha: -1.0; must be >= 0 (0 = off)"
+    )
+    assert not (tmp_path / "checkpoints").exists()
+    config.register(cli.CONFIGS)
+    with pytest.raises(SystemExit) as exited:  # translate is CIFAR's: crops are this loader's
+        cli.check_overrides(["data=image_folder", "data.augment.translate=2"], cli.CONFIGS, "train")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1
+    assert "data.augment.translate is not a config key" in err
+    assert "valid keys of data.augment: cutmix_alpha, mixup_alpha" in err
 
 
 def _broken(folder, how: str):

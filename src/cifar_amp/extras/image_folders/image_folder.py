@@ -4,9 +4,10 @@
 For data that does not fit on the device or is not 32x32: images are decoded (the template's
 one image pipeline, data/images.py) and augmented (torchvision transforms v2) in DataLoader
 worker processes, cross to the device as uint8 (a quarter of float32's bytes) into pinned
-memory, and are normalised there. Each training image's random crop and flip are drawn from
-(seed, epoch, index), so the batches are the same for any number of workers, and a resumed
-run (even mid-epoch) sees the data an uninterrupted one would.
+memory, and are normalised (and mixed: data.augment, data/augment.py's Mixer) there. Each
+training image's random crop and flip are drawn from (seed, epoch, index), so the batches are
+the same for any number of workers, and a resumed run (even mid-epoch) sees the data an
+uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torchvision.datasets import DatasetFolder
 from torchvision.transforms import v2
 
 from cifar_amp.data import folds as kfold
+from cifar_amp.data.augment import Mixer, Mixing
 from cifar_amp.data.batches import RestoresTrainLoader
 from cifar_amp.errors import InvalidArgument, UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_transform
@@ -39,6 +41,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_SIZE = 224  # image_size for images of several sizes: what ImageNet networks take
 SIZE_SAMPLE = 64  # image headers read to find the images' size
 LAYOUT = "one subfolder per class holding its images, torchvision's ImageFolder layout"
+NO_MIXING = Mixing()
 
 
 class EpochSampler(DistributedSampler):
@@ -165,6 +168,9 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         # resized to image_size, then the centre crop.
         min_crop_scale: float = 0.25,
         flip: bool = True,
+        # Mixup and cutmix of the training batches on the device, as CIFAR's (data/augment.py's
+        # Mixing: mixup_alpha, cutmix_alpha); crop and flip above are this loader's own.
+        augment: Mixing = NO_MIXING,
         mean: tuple[float, float, float] = IMAGENET_MEAN,  # normalisation, [0, 1] pixel units
         std: tuple[float, float, float] = IMAGENET_STD,
         batch_size: int = 64,  # per device
@@ -200,6 +206,7 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         self.channels_last, self.test_dir = channels_last, test_dir
         self.folder = scan(data_dir, "data.data_dir")
         self.classes: list[str] = self.folder.classes
+        self.mixer = Mixer(augment, self.num_classes, seed)
         self.samples = {"train": self.folder.samples}
         self.where = {"train": str(data_dir)}
         if val_dir:
@@ -398,4 +405,4 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
         mean, std = self._norm[x.device]
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         x = x.contiguous(memory_format=fmt).float().sub_(mean).div_(std)
-        return x, y
+        return self.mixer.training_batch((x, y), self.trainer)
