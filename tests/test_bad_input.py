@@ -112,7 +112,7 @@ CKPT_CASES = [
     (_truncated, "is truncated or not a checkpoint"),
     (
         lambda p: _fake_ckpt(p, width=4),
-        "does not fit this model (check model=...): shapes (checkpoint vs model): net.blocks.0.0.weight (4, 3, 3, 3) vs (8, 3, 3, 3)",
+        "does not fit this model (check model=... and module.metrics): shapes (checkpoint vs model): net.blocks.0.0.weight (4, 3, 3, 3) vs (8, 3, 3, 3)",
     ),
     (lambda p: _fake_ckpt(p, num_classes=100), "was trained for 100 classes; data.dataset has 10"),
     (
