@@ -47,5 +47,5 @@ def tested(trainer: L.Trainer) -> dict:
     return out
 
 
-def main(cfg: DictConfig) -> float:
-    return evaluate(cfg)[metrics.TEST_ACC]
+def main(cfg: DictConfig) -> float | None:  # a module of your own may log no test/acc
+    return evaluate(cfg).get(metrics.TEST_ACC)
