@@ -313,6 +313,17 @@ def spy(monkeypatch, owner, name: str) -> list:
     return returned
 
 
+def as_trained_by(ckpt: Path, out: Path, module: str, state_dict: dict) -> Path:
+    """A copy of checkpoint `ckpt`, at `out`, that says the class `module` trained it (that
+    class's `state_dict` in it): a checkpoint of a module that lacks what a command needs."""
+    import torch
+
+    data = torch.load(ckpt, map_location="cpu", weights_only=True)
+    data["run_settings"]["module._target_"] = module
+    torch.save(data | {"state_dict": state_dict}, out)
+    return out
+
+
 def command(monkeypatch, capsys, entry: str, *args: str, cwd=REPO) -> tuple[int, str]:
     """Run `python <entry> <args>` (a script of the repository, or `-m <module>`) in this
     process, from `cwd`, as the command runs it but for the interpreter's start: (its exit
