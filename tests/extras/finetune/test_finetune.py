@@ -128,12 +128,12 @@ def test_init_from_a_lightning_module_of_its_own_and_into_one(make_cfg, own_run,
     """tests/examples/own_module.py keeps its network as `net`: init_from takes its weights,
     into the template's module, and gives it another's."""
     own, marked = (run / "checkpoints" / "last.ckpt" for run in (own_run, marked_run))
-    for source, into in ((own, ()), (marked, OWN)):
-        module = build.module(make_cfg(*into), 10)
+    template, ours = build.module(make_cfg(), 10), build.module(make_cfg(*OWN), 10)
+    assert type(ours).__name__ == "OwnClassifier"
+    for source, module in ((own, template), (marked, ours)):
         finetune.FineTune(str(source)).before_run(None, module)
         saved = torch.load(source, weights_only=True)["state_dict"]
         assert all(torch.equal(v, saved[f"net.{k}"]) for k, v in module.net.state_dict().items())
-    assert type(module).__name__ == "OwnClassifier"
 
 
 def test_init_from_a_module_without_net_is_one_line(own_run, tmp_path):

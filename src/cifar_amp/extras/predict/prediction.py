@@ -57,7 +57,7 @@ def data_meta(ckpt: Checkpoint) -> dict:
         dataset = ckpt.data.get(SETTINGS, {}).get("data.dataset")
         if dataset is None and "CIFARDataModule" in ckpt.data:  # older than the settings too
             dataset = next((k for k, s in SPECS.items() if s.num_classes == n), None)
-        if dataset not in SPECS or SPECS[dataset].num_classes != (n or SPECS[dataset].num_classes):
+        if dataset not in SPECS or n not in (None, SPECS[dataset].num_classes):
             raise UserError(
                 f"{where} does not say what its network expects (no data_meta: its "
                 f"DataModule, {dataset or 'unknown'}, has no `meta`); add a `meta` property "
