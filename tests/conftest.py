@@ -243,6 +243,25 @@ def eval_as_a_user(built: Path, monkeypatch, capsys, run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
 
 
+# tests/examples/own_module.py, a LightningModule of its own, by its config file (docs/fork.md)
+OWN = (f"hydra.searchpath=[file://{REPO / 'tests' / 'examples' / 'configs'}]", "module=own")
+
+
+@pytest.fixture(scope="session")
+def own_run(built_once, tiny_data) -> Path:
+    """The run dir of one tiny epoch of a module that subclasses LightningModule directly
+    (tests/examples/own_module.py), with the CSV logger, tested at the end."""
+
+    def make(run_dir: Path) -> None:
+        from cifar_amp.training import train
+
+        data = (f"data.data_dir={tiny_data}", f"run_dir={run_dir}", "logger=csv")
+        shrink = [o for o in SHRINK if not o.startswith("module.")]  # the template module's
+        train(compose_cfg("train", (*shrink, *data, *OWN)))
+
+    return built_once("own-run", make)
+
+
 @pytest.fixture
 def make_cfg(tmp_path, tiny_data):
     """make_cfg(*overrides, config_name="train", pictures=False) -> the composed config, shrunk
@@ -259,8 +278,8 @@ def make_cfg(tmp_path, tiny_data):
             o.startswith(("model=", "experiment=")) for o in overrides
         ):
             shrink = tuple(o for o in shrink if not o.startswith("model"))  # the caller's
-        if config_name != "train":
-            shrink = tuple(o for o in shrink if not o.startswith("module"))
+        if config_name != "train" or any(o.startswith("module=") for o in overrides):
+            shrink = tuple(o for o in shrink if not o.startswith("module"))  # or the caller's
         return compose_cfg(config_name, (*shrink, *data, f"run_dir={tmp_path}", *overrides))
 
     return make
@@ -333,6 +352,17 @@ def spy(monkeypatch, owner, name: str) -> list:
 
     monkeypatch.setattr(owner, name, recording)
     return returned
+
+
+def as_trained_by(ckpt: Path, out: Path, module: str, state_dict: dict) -> Path:
+    """A copy of checkpoint `ckpt`, at `out`, that says the class `module` trained it (that
+    class's `state_dict` in it): a checkpoint of a module that lacks what a command needs."""
+    import torch
+
+    data = torch.load(ckpt, map_location="cpu", weights_only=True)
+    data["run_settings"]["module._target_"] = module
+    torch.save(data | {"state_dict": state_dict}, out)
+    return out
 
 
 def command(monkeypatch, capsys, entry: str, *args: str, cwd=REPO) -> tuple[int, str]:

@@ -17,7 +17,7 @@ from cifar_amp.data.cifar import read_batch
 from cifar_amp.errors import UserError
 from cifar_amp.evaluation import evaluate
 from cifar_amp.training import train
-from conftest import MARKED, TOP5, compose_cfg
+from conftest import MARKED, OWN, TOP5, compose_cfg
 
 TOP5_KEYS = {stage: metrics.key(stage, "acc_top5") for stage in ("train", "val", "test")}
 
@@ -134,3 +134,31 @@ def test_a_metric_by_code_as_docs_fork_md_shows_it(make_cfg, tmp_path):
     # A fork's class, found on the path (tests/examples), is one a checkpoint may name.
     module = build.module_from_checkpoint(Checkpoint(tmp_path / "checkpoints" / "last.ckpt"))
     assert type(module).__name__ == "WithFlipAgreement"
+
+
+def test_a_lightning_module_of_its_own_trains_and_eval_tests_it(make_cfg, own_run, tmp_path):
+    """tests/examples/own_module.py subclasses LightningModule directly: train.py chooses the
+    best by its val/acc and tests it; eval.py rebuilds it from a checkpoint and writes its
+    metrics.json (no per-class accuracy: it counts no confusion matrix)."""
+    trained = json.loads((own_run / "metrics.json").read_text())
+    assert trained[metrics.TESTED_CKPT].endswith("best-epoch000.ckpt")
+    assert 0 <= trained[metrics.VAL_ACC] <= 1 and trained[metrics.TEST_LOSS] > 0
+    last = own_run / "checkpoints" / "last.ckpt"
+    assert Checkpoint(last).settings["module._target_"] == "own_module.OwnClassifier"
+    result = evaluate(make_cfg(f"ckpt_path={last}", config_name="eval"))
+    assert result == json.loads((tmp_path / "metrics.json").read_text())
+    # One epoch: the best is the last, and the same weights test the same.
+    assert result[metrics.TEST_ACC] == pytest.approx(trained[metrics.TEST_ACC])
+    assert result[metrics.TEST_LOSS] == pytest.approx(trained[metrics.TEST_LOSS])
+    assert metrics.TEST_ACC_PER_CLASS not in result
+
+
+def test_a_lightning_module_of_its_own_resumes(make_cfg, own_run, tmp_path):
+    last = own_run / "checkpoints" / "last.ckpt"
+    with pytest.raises(UserError, match="trained with module._target_=own_module.OwnClassifier"):
+        train(make_cfg("trainer.max_epochs=2", f"ckpt_path={last}"))  # the template's module
+    result = train(make_cfg(*OWN, "trainer.max_epochs=2", "logger=csv", f"ckpt_path={last}"))
+    assert result[metrics.EPOCHS] == 2 and 0 <= result[metrics.TEST_ACC] <= 1
+    with open(tmp_path / "metrics.csv") as f:
+        epochs = {row["epoch"] for row in csv.DictReader(f) if row[metrics.VAL_ACC]}
+    assert epochs == {"1"}  # it went on from the end of epoch 0

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from cifar_amp import compiling, config, metrics
 from cifar_amp.errors import InvalidArgument, NestedBuildError, UserError
 from cifar_amp.lean_module import LeanModule
-from cifar_amp.tta import TTA_MODES, tta_logits
+from cifar_amp.tta import TTA_MODES, TestTimeAugmented, tta_logits
 
 # The default metrics: name -> a torchmetrics class and its arguments (num_classes filled in).
 # Micro-averaged: the fraction of images classified right (torchmetrics' default is per class).
@@ -22,7 +22,7 @@ ACCURACY = {
 }
 
 
-class ImageClassifier(LeanModule):
+class ImageClassifier(LeanModule, TestTimeAugmented):
     """Cross-entropy classification of images by `net`."""
 
     def __init__(
@@ -93,14 +93,13 @@ class ImageClassifier(LeanModule):
         logits = self.tta(x)
         self.track("test", F.cross_entropy(logits, y), logits, y)
 
-    def predict_step(self, batch, batch_idx: int) -> Tensor:
-        # Class probabilities, float32, with test's TTA; a batch, or a tuple whose first item is one
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self.tta(x).float().softmax(-1)
-
     def tta(self, x: Tensor) -> Tensor:
         """Logits averaged over the views of `tta` (tta.py)."""
         return tta_logits(self, x, self.hparams.tta, self.hparams.tta_shift)
+
+    @property
+    def tta_mode(self) -> str:
+        return self.hparams.tta
 
     def configure_optimizers(self):
         if not self.hparams.optimizer:  # e.g. rebuilt from a checkpoint older than the setting

@@ -1,6 +1,7 @@
 """Test-time augmentation, as the public speed-run scripts weigh it: ``flip`` averages the image and
 its mirror; ``flip_shift`` gives that 1/2 and each (reflect-padded) +-shift pair's average 1/4."""
 
+from abc import ABC, abstractmethod
 from typing import Callable
 
 import torch
@@ -9,6 +10,19 @@ from torch import Tensor
 
 TTA_MODES = ("none", "flip", "flip_shift")
 Net = Callable[[Tensor], Tensor]
+
+
+class TestTimeAugmented(ABC):
+    """A LightningModule whose test evaluates `tta(x)`: predict and export then use it in place
+    of the plain forward, and report `tta_mode` (a module that is not one is used by its forward).
+    Implemented by: module.ImageClassifier."""
+
+    @abstractmethod
+    def tta(self, x: Tensor) -> Tensor: ...  # images (N, C, H, W) -> logits, as test sees them
+
+    @property
+    @abstractmethod
+    def tta_mode(self) -> str: ...  # of TTA_MODES
 
 
 def _flip_mean(net: Net, x: Tensor) -> Tensor:

@@ -7,12 +7,14 @@ import sys
 
 import pytest
 import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from cifar_amp import build, metrics
 from cifar_amp.errors import UserError
 from cifar_amp.extras.finetune import finetune
 from cifar_amp.training import train
 from cifar_folder import write_cifar_folder
+from conftest import OWN, as_trained_by
 
 HEAD = ("head.3.weight", "head.3.bias")  # SmallCNN's last Linear
 
@@ -131,3 +133,27 @@ def test_init_from_imports_no_module_that_a_run_may_not_use(tmp_path, monkeypatc
     with pytest.raises(UserError, match=f"init_from={path} names this.Anything at module._targ"):
         finetune.FineTune(str(path))
     assert "this" not in sys.modules
+
+
+def test_init_from_a_lightning_module_of_its_own_and_into_one(make_cfg, own_run, marked_run):
+    """tests/examples/own_module.py keeps its network as `net`: init_from takes its weights,
+    into the template's module, and gives it another's."""
+    own, marked = (run / "checkpoints" / "last.ckpt" for run in (own_run, marked_run))
+    template, ours = build.module(make_cfg(), 10), build.module(make_cfg(*OWN), 10)
+    assert type(ours).__name__ == "OwnClassifier"
+    for source, module in ((own, template), (marked, ours)):
+        finetune.FineTune(str(source)).before_run(None, module)
+        saved = torch.load(source, weights_only=True)["state_dict"]
+        assert all(torch.equal(v, saved[f"net.{k}"]) for k, v in module.net.state_dict().items())
+
+
+def test_init_from_a_module_without_net_is_one_line(own_run, tmp_path):
+    last = own_run / "checkpoints" / "last.ckpt"
+    with pytest.raises(
+        UserError, match="init_from needs the module's network as its attribute `net`"
+    ):
+        finetune.FineTune(str(last)).before_run(None, BoringModel())
+    path = "lightning.pytorch.demos.boring_classes.BoringModel"
+    ckpt = as_trained_by(last, tmp_path / "m.ckpt", path, BoringModel().state_dict())
+    with pytest.raises(UserError, match="its module, BoringModel, keeps no network as `net`"):
+        finetune.FineTune(str(ckpt))

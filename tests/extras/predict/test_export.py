@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from cifar_amp import build
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
 from cifar_amp.extras.predict import export
-from cifar_amp.extras.predict.prediction import data_meta, normaliser, read
+from cifar_amp.extras.predict.prediction import Probabilities, data_meta, normaliser, read
 from cifar_amp.training import train
-from conftest import REPO, SHRINK, SUBSET, command, compose_cfg, spy
+from conftest import REPO, SHRINK, SUBSET, as_trained_by, command, compose_cfg, spy
 
 # The export extra's: without it this module skips (collecting it must not fail a test run).
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -89,13 +91,14 @@ def test_exported_program_runs_at_any_batch_size_with_tta(ckpt, real_images, tmp
     program = torch.export.load(out, extra_files=extra)
     assert json.loads(extra["meta.json"])["tta"] == "flip_shift"
     module, _ = load(ckpt, tta="flip_shift")
-    net = export.EvalNet(module.net, "flip_shift", module.hparams.tta_shift).eval()
+    net, predicting = export.EvalNet(module).eval(), Probabilities(module)
     for x in batches(ckpt, real_images, 1, 5, 37):
         with torch.no_grad():
             torch.testing.assert_close(program.module()(x), net(x), atol=1e-5, rtol=1e-5)
-            # the same as test's logits: softmax of them is predict_step's output
+            torch.testing.assert_close(net(x), module.tta(x), atol=0, rtol=0)  # test's logits
+            # softmax of them is what predict.py writes
             torch.testing.assert_close(
-                net(x).softmax(-1), module.predict_step(x, 0), atol=1e-6, rtol=0
+                net(x).softmax(-1), predicting.predict_step(x, 0), atol=1e-6, rtol=0
             )
 
 
@@ -261,3 +264,39 @@ def test_export_builds_the_class_that_trained_the_checkpoint(
     )
     assert out.is_file() and type(built[0]).__name__ == "Marked"
     assert built[0].hparams.note == "hello"
+
+
+@pytest.mark.parametrize("fmt", ["torch_export", "onnx"])
+def test_a_lightning_module_of_its_own_exports_its_forward(tmp_path, own_run, real_images, fmt):
+    """tests/examples/own_module.py: a LightningModule, not the template's; no TTA of its own."""
+    last = own_run / "checkpoints" / "last.ckpt"
+    out = run_export(tmp_path, last, real_images, f"format={fmt}")
+    module, _ = load(last)
+    x = batches(last, real_images, 5)[0]
+    with torch.no_grad():
+        expected = module(x)
+    if fmt == "onnx":
+        session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        got = torch.from_numpy(session.run(["logits"], {"images": x.numpy()})[0])
+        tta = json.loads(session.get_modelmeta().custom_metadata_map["tta"])
+    else:
+        extra = {"meta.json": ""}
+        got = torch.export.load(out, extra_files=extra).module()(x)
+        tta = json.loads(extra["meta.json"])["tta"]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert tta == "none"
+    with pytest.raises(UserError, match="tta=flip: the export predicts with the module's forward"):
+        run_export(tmp_path / "flip", last, real_images, "tta=flip")
+
+
+def test_an_export_of_a_module_without_forward_of_images_is_one_line(
+    tmp_path, own_run, real_images
+):
+    path = "lightning.pytorch.demos.boring_classes.BoringModel"
+    ckpt = as_trained_by(
+        own_run / "checkpoints" / "last.ckpt", tmp_path / "m.ckpt", path, BoringModel().state_dict()
+    )
+    needs = re.escape("the export needs the module's forward(images) -> logits: ")
+    with pytest.raises(UserError, match=needs + r".* returned \(1, 3, 32, 2\)"):
+        run_export(tmp_path / "out", ckpt, real_images)
+    assert not (tmp_path / "out").exists()

@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
 from PIL import Image
 
 from cifar_amp import build, cli
+from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.data.batches import DeviceBatches
 from cifar_amp.data.cifar import SPECS, CIFARDataModule
 from cifar_amp.errors import UserError
@@ -24,7 +27,7 @@ from cifar_amp.extras.predict.meta import describe
 from cifar_amp.module import ImageClassifier
 from cifar_amp.training import train
 from cifar_folder import write_cifar_folder
-from conftest import CONFIGS, REPO, SHRINK, SUBSET, compose_cfg, spy
+from conftest import CONFIGS, REPO, SHRINK, SUBSET, as_trained_by, compose_cfg, spy
 
 LEGACY_CKPT = REPO / "tests" / "assets" / "legacy-last.ckpt"
 PREDICT = ("trainer=cpu", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false")
@@ -240,11 +243,11 @@ def test_checkpoints_without_meta(ckpt, test_batch, tmp_path, caplog):
     assert list(rows[0])[4:] == [f"p_{i}" for i in range(10)]
 
 
-def test_predict_step_uses_the_modules_test_time_augmentation(ckpt):
+def test_predictions_use_the_modules_test_time_augmentation(ckpt):
     module = ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu", tta="flip").eval()
-    x = torch.randn(5, 3, 32, 32)
+    x, predicting = torch.randn(5, 3, 32, 32), prediction.Probabilities(module)
     with torch.no_grad():
-        p, p_mirror = module.predict_step(x, 0), module.predict_step((x.flip(-1),), 0)
+        p, p_mirror = predicting.predict_step(x, 0), predicting.predict_step(x.flip(-1), 0)
     torch.testing.assert_close(p.sum(1), torch.ones(5))
     torch.testing.assert_close(p, p_mirror)  # flip TTA: a mirrored batch predicts the same
     with torch.no_grad():
@@ -346,3 +349,44 @@ def test_predict_builds_the_class_that_trained_the_checkpoint(
     rows = run_predict(tmp_path, marked_run / "checkpoints" / "last.ckpt", test_batch)
     assert len(rows) > 0 and type(built[0]).__name__ == "Marked"
     assert built[0].hparams.note == "hello"
+
+
+def test_a_lightning_module_of_its_own_predicts_by_its_forward(
+    tmp_path, own_run, test_batch, capsys
+):
+    """tests/examples/own_module.py: a LightningModule, not the template's; no TTA of its own."""
+    last = own_run / "checkpoints" / "last.ckpt"
+    rows = run_predict(tmp_path, last, test_batch, "batch_size=64")
+    ckpt = Checkpoint(last)
+    module, meta = build.module_from_checkpoint(ckpt), ckpt.hparams["data_meta"]
+    images, _ = cifar_images(test_batch, 10**6)
+    x = prediction.normaliser(meta)(torch.from_numpy(images).permute(0, 3, 1, 2))
+    with torch.no_grad():
+        expected = module(x).softmax(-1)
+    torch.testing.assert_close(probabilities(rows), expected, atol=2e-5, rtol=0)
+    assert "with SmallCNN (10 classes, tta=none, " in capsys.readouterr().out
+    said = "tta=flip: predict.py predicts with the module's forward, as OwnClassifier has no test"
+    with pytest.raises(UserError, match=said):
+        run_predict(tmp_path / "flip", last, test_batch, "tta=flip")
+    assert not (tmp_path / "flip").exists()
+
+
+@pytest.mark.parametrize(
+    "module, said",
+    [
+        (BoringModel, "BoringModel's forward of one 32x32 image returned (1, 3, 32, 2)"),
+        (L.LightningModule, "LightningModule's forward of one 32x32 image raised NotImplemented"),
+    ],
+)
+def test_a_module_without_forward_of_images_to_logits_is_one_line(
+    tmp_path, own_run, test_batch, module, said
+):
+    path = f"{module.__module__}.{module.__name__}"
+    ckpt = as_trained_by(
+        own_run / "checkpoints" / "last.ckpt", tmp_path / "m.ckpt", path, module().state_dict()
+    )
+    with pytest.raises(UserError) as e:
+        run_predict(tmp_path / "out", ckpt, test_batch)
+    assert str(e.value).startswith("predict.py needs the module's forward(images) -> logits: ")
+    assert said in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()

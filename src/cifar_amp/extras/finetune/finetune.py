@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from lightning import Callback
-from torch import Tensor
+from torch import Tensor, nn
 
 from cifar_amp import build
 from cifar_amp.checkpoints import Checkpoint, mismatch
@@ -16,7 +16,8 @@ from cifar_amp.errors import UserError
 from cifar_amp.seams import BeforeRun
 
 log = logging.getLogger(__name__)
-PREFIX = "net."  # the network's keys in ImageClassifier's state_dict
+NET = "net"  # the attribute holding a module's network (docs/fork.md, own LightningModule)
+PREFIX = f"{NET}."  # the network's keys in its module's state_dict
 
 
 class FineTune(Callback, BeforeRun):
@@ -37,19 +38,22 @@ class FineTune(Callback, BeforeRun):
         self.source = None
         if init_from:
             self.source = Checkpoint(init_from, key="init_from", trust=trust_checkpoint)
-            build.module_class(self.source)
+            cls = build.module_class(self.source)
+            if not network_weights(self.source):
+                raise UserError(
+                    f"init_from={init_from}: its module, {cls.__name__}, keeps no network as "
+                    f"`{NET}` (no {PREFIX}* weights), which init_from loads"
+                )
 
     def before_run(self, trainer, pl_module) -> None:
         """Load the network weights into the built module (training.py calls this before the
         run dir is touched)."""
         if self.source is None:
             return
-        src, net, n = self.source, pl_module.net, pl_module.hparams.num_classes
-        theirs = src.hparams.get("num_classes")
-        ours = net.state_dict()
-        saved = {
-            k[len(PREFIX) :]: v for k, v in src.data["state_dict"].items() if k.startswith(PREFIX)
-        }
+        src, net = self.source, network(pl_module)
+        # Without num_classes no tensor is taken for the head: one of another size is refused.
+        n, theirs = pl_module.hparams.get("num_classes"), src.hparams.get("num_classes")
+        ours, saved = net.state_dict(), network_weights(src)
 
         def is_head(saved: Tensor, mine: Tensor) -> bool:  # differs in the classes only
             rest = saved.shape != mine.shape and saved.shape[1:] == mine.shape[1:]
@@ -82,3 +86,19 @@ class FineTune(Callback, BeforeRun):
         net = hp.get("net")
         if isinstance(net, dict) and (net.get("pretrained") or net.get("pretrained_path")):
             hp["net"] = {**net, "pretrained": False, "pretrained_path": None}
+
+
+def network(module) -> nn.Module:
+    """The network that init_from loads into: `module`'s submodule `net`, or one line."""
+    try:
+        return module.get_submodule(NET)
+    except AttributeError:
+        raise UserError(
+            f"init_from needs the module's network as its attribute `{NET}` (an nn.Module); "
+            f"{type(module).__name__} has none"
+        ) from None
+
+
+def network_weights(ckpt: Checkpoint) -> dict[str, Tensor]:
+    """The weights of `ckpt`'s network (its module's `net`), by the network's own keys."""
+    return {k[len(PREFIX) :]: v for k, v in ckpt.data["state_dict"].items() if k.startswith(PREFIX)}

@@ -16,17 +16,24 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from cifar_amp import build
 from cifar_amp.checkpoints import Checkpoint
 from cifar_amp.errors import UserError
-from cifar_amp.extras.predict.prediction import data_meta, normaliser, read
-from cifar_amp.tta import tta_logits
+from cifar_amp.extras.predict.prediction import (
+    class_count,
+    data_meta,
+    load,
+    logits,
+    normaliser,
+    read,
+    tta_mode,
+)
 
 log = logging.getLogger("cifar_amp.extras.predict.export")  # not "__main__" under python -m
 
 SUFFIXES = {"onnx": ".onnx", "torch_export": ".pt2"}
 TRACE_BATCH = 2  # torch.export specialises sizes 0 and 1, so trace with 2 and verify others
 DYNAMIC_BATCH = {"images": {0: torch.export.Dim("batch", min=1)}}
+ENTRY = "the export"  # as an error names this command
 
 
 @dataclass
@@ -49,14 +56,14 @@ class ExportConfig:
 
 
 class EvalNet(nn.Module):
-    """The network with the test-time augmentation test uses: images -> logits."""
+    """What test evaluates the module by (prediction.logits): images -> logits."""
 
-    def __init__(self, net: nn.Module, tta: str, tta_shift: int) -> None:
+    def __init__(self, module: nn.Module) -> None:
         super().__init__()
-        self.net, self.tta, self.tta_shift = net, tta, tta_shift
+        self.module = module
 
     def forward(self, images: Tensor) -> Tensor:
-        return tta_logits(self.net, images, self.tta, self.tta_shift)
+        return logits(self.module, images)
 
 
 def export(cfg: DictConfig) -> dict[str, Any]:
@@ -73,8 +80,8 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         )
     ckpt = Checkpoint(cfg.ckpt_path, trust=cfg.trust_checkpoint)
     meta = data_meta(ckpt)
-    module = build.module_from_checkpoint(ckpt, **({"tta": cfg.tta} if cfg.tta else {}))
-    n = module.hparams.num_classes
+    module = load(ckpt, ENTRY, cfg.tta)
+    n = class_count(module, meta, ENTRY)
     source = cfg.input or meta.get("test_images")
     give = (
         "the export is verified on real images: "
@@ -93,7 +100,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     images = normaliser(meta)(inputs.images[: cfg.verify_images])
     # At least 3, so that both verified batch sizes differ from the traced one.
     images = images[torch.arange(max(len(images), 3)) % len(images)]
-    net = EvalNet(module.net, module.hparams.tta, module.hparams.tta_shift).eval()
+    net = EvalNet(module).eval()
     out = Path(cfg.output or Path(cfg.run_dir) / f"model{SUFFIXES[cfg.format]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     info = {
@@ -101,7 +108,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
         "class_names": meta.get("class_names") or [str(i) for i in range(n)],
         "input": "images: float32 (N, 3, H, W), (pixel / 255 - mean) / std",
         "output": "logits: (N, classes); softmax gives probabilities",
-        "tta": module.hparams.tta,
+        "tta": tta_mode(module),
     }
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")  # torch.export.load wants the suffix
     try:
@@ -112,7 +119,7 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     finally:
         tmp.unlink(missing_ok=True)
     log.info(
-        f"Exported {cfg.format} to {out} ({out.stat().st_size / 1e6:.1f} MB, tta={module.hparams.tta}, "
+        f"Exported {cfg.format} to {out} ({out.stat().st_size / 1e6:.1f} MB, tta={tta_mode(module)}, "
         f"dynamic batch). Verified on {min(len(inputs.names), cfg.verify_images)} image(s) of "
         f"input={source} at batch sizes {len(images)} and 1: max |logit difference| "
         f"{diff:.2e} (tolerance {cfg.atol:g} + {cfg.rtol:g} * |logit|)"

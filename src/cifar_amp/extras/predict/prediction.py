@@ -7,12 +7,15 @@ from __future__ import annotations
 import csv
 import functools
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import lightning as L
 import torch
 from omegaconf import DictConfig
+from torch import Tensor
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
@@ -22,6 +25,7 @@ from cifar_amp.data.cifar import SPECS, read_batch
 from cifar_amp.errors import UserError
 from cifar_amp.extras.images.images import SUFFIXES, decode, eval_resize, eval_transform
 from cifar_amp.extras.predict.meta import KEY, cifar_meta
+from cifar_amp.tta import TestTimeAugmented
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +50,14 @@ class PredictConfig:
 def data_meta(ckpt: Checkpoint) -> dict:
     """What the network expects (class names, mean/std, image size); for a checkpoint without
     `data_meta`, its CIFAR data set's. Without mean/std it is refused; without names, classes
-    go by index."""
+    go by index (their count: `class_count`)."""
     n, meta = ckpt.hparams.get("num_classes"), ckpt.hparams.get(KEY)
     where = f"{ckpt.key}={ckpt.path}"
     if meta is None:
         dataset = ckpt.data.get(SETTINGS, {}).get("data.dataset")
         if dataset is None and "CIFARDataModule" in ckpt.data:  # older than the settings too
             dataset = next((k for k, s in SPECS.items() if s.num_classes == n), None)
-        if dataset not in SPECS or SPECS[dataset].num_classes != n:
+        if dataset not in SPECS or n not in (None, SPECS[dataset].num_classes):
             raise UserError(
                 f"{where} does not say what its network expects (no data_meta: its "
                 f"DataModule, {dataset or 'unknown'}, has no `meta`); add a `meta` property "
@@ -69,12 +73,59 @@ def data_meta(ckpt: Checkpoint) -> dict:
             f"{where}: its data_meta lacks {', '.join(missing)}, which say how the network's "
             "images were normalised and sized; add them to the DataModule's `meta`"
         )
-    names = meta.get("class_names")
-    if names and len(names) != n:
-        raise UserError(f"{where}: data_meta names {len(names)} classes, the net has {n}")
-    if not names:
+    if not meta.get("class_names"):
         log.warning("%s names no classes: classes go by their index", where)
     return meta
+
+
+# -- what predict and export ask of the checkpoint's module (docs/fork.md, "Your own
+# LightningModule"): forward(images) -> logits, or test's TTA where it has one.
+def load(ckpt: Checkpoint, entry: str, tta: str | None, **overrides) -> L.LightningModule:
+    """The module that trained `ckpt`, with the test-time augmentation `tta` (None: its own),
+    which only a tta.TestTimeAugmented module has; `entry` names the command in an error."""
+    module = build.module_from_checkpoint(ckpt, **overrides, **({"tta": tta} if tta else {}))
+    if tta and not isinstance(module, TestTimeAugmented):
+        raise UserError(
+            f"tta={tta}: {entry} predicts with the module's forward, as {type(module).__name__} "
+            "has no test-time augmentation of its own (tta.TestTimeAugmented); drop tta="
+        )
+    return module
+
+
+def logits(module: L.LightningModule, x: Tensor) -> Tensor:
+    """What test evaluates `module` by on images `x`: its TTA where it has one, else forward."""
+    return module.tta(x) if isinstance(module, TestTimeAugmented) else module(x)
+
+
+def tta_mode(module: L.LightningModule) -> str:
+    return module.tta_mode if isinstance(module, TestTimeAugmented) else "none"
+
+
+def class_count(module: L.LightningModule, meta: dict, entry: str) -> int:
+    """How many classes `module` tells apart: the width of its logits on one blank image of
+    data_meta's size, which must be (1, classes) and agree with `hparams.num_classes` and the
+    class names where the checkpoint has them. One line naming what is amiss otherwise."""
+    h, w = meta["image_size"]
+    needs = (
+        f"{entry} needs the module's forward(images) -> logits: float32 images (N, 3, H, W), "
+        f"normalised as in training, to (N, classes); {type(module).__name__}'s forward of one "
+        f"{h}x{w} image"
+    )
+    try:
+        with torch.no_grad():
+            out = logits(module, torch.zeros(1, 3, h, w))
+    except Exception as e:
+        raise UserError(f"{needs} raised {type(e).__name__}: {e}") from e
+    if not (isinstance(out, Tensor) and out.dim() == 2 and out.shape[0] == 1):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise UserError(f"{needs} returned {got}")
+    n, said = out.shape[1], module.hparams.get("num_classes")
+    if said not in (None, n):
+        raise UserError(f"{needs} gave {n} logits, but its hparams.num_classes is {said}")
+    names = meta.get("class_names")
+    if names and len(names) != n:
+        raise UserError(f"the checkpoint's data_meta names {len(names)} classes, the net has {n}")
+    return n
 
 
 def normaliser(meta: dict) -> v2.Transform:
@@ -172,6 +223,17 @@ def read_batch_file(path: Path, meta: dict, num_classes: int) -> Inputs:
     return Inputs([f"{path.name}[{i}]" for i in range(len(data))], images, labels)
 
 
+class Probabilities(L.LightningModule):
+    """What `trainer.predict` runs: `module`'s class probabilities (float32) of `logits`."""
+
+    def __init__(self, module: L.LightningModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def predict_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        return logits(self.module, batch).float().softmax(-1)
+
+
 def _collate(transform: v2.Transform, channels_last: bool, items: list) -> torch.Tensor:
     x = transform(torch.stack(items))
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
@@ -197,10 +259,8 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
             f"predict runs in one process; trainer.devices={cfg.trainer.devices} with "
             f"trainer.num_nodes={cfg.trainer.num_nodes} asks for {trainer.world_size}"
         )
-    module = build.module_from_checkpoint(
-        ckpt, channels_last=prec.channels_last, **({"tta": cfg.tta} if cfg.tta else {})
-    )
-    num_classes = module.hparams.num_classes
+    module = load(ckpt, "predict.py", cfg.tta, channels_last=prec.channels_last)
+    num_classes = class_count(module, meta, "predict.py")
     names = meta.get("class_names") or [str(i) for i in range(num_classes)]
     inputs = read(cfg.input, meta, num_classes)
     for name, why in inputs.unreadable:
@@ -214,7 +274,7 @@ def predict(cfg: DictConfig) -> dict[str, Any]:
     runs.save_config(cfg)
     collate = functools.partial(_collate, normaliser(meta), prec.channels_last)
     loader = DataLoader(inputs.images, batch_size=cfg.batch_size, collate_fn=collate)
-    probs = torch.cat(trainer.predict(module, dataloaders=loader)).cpu()
+    probs = torch.cat(trainer.predict(Probabilities(module), dataloaders=loader)).cpu()
     out = Path(cfg.run_dir) / CSV_NAME
     write_csv(out, inputs, probs, names)
     print(summary(cfg, module, prec.name, inputs, probs, names, out))
@@ -243,10 +303,9 @@ def write_csv(path: Path, inputs: Inputs, probs: torch.Tensor, names: list[str])
 
 def summary(cfg, module, precision: str, inputs, probs, names, out: Path) -> str:
     n = len(inputs.names)
-    net = module.hparams.net["_target_"].rsplit(".", 1)[-1]
     lines = [
-        f"Predicted {n} image(s) of input={cfg.input} with {net} ({len(names)} classes, "
-        f"tta={module.hparams.tta}, precision={precision})"
+        f"Predicted {n} image(s) of input={cfg.input} with {network_name(module)} "
+        f"({len(names)} classes, tta={tta_mode(module)}, precision={precision})"
     ]
     top, predicted = probs.topk(min(3, len(names)), dim=1), probs.argmax(1)
     for i in range(min(n, SHOWN)):
@@ -267,6 +326,14 @@ def summary(cfg, module, precision: str, inputs, probs, names, out: Path) -> str
         lines.append(f"  unreadable, not predicted: {name} ({why})")
     lines.append(f"Wrote {out}")
     return "\n".join(lines)
+
+
+def network_name(module: L.LightningModule) -> str:
+    """The network's class where the module records its config (ours: `hparams.net`), else
+    the module's."""
+    net = module.hparams.get("net")
+    target = net.get("_target_") if isinstance(net, Mapping) else None
+    return (target or type(module).__name__).rsplit(".", 1)[-1]
 
 
 def main(cfg: DictConfig) -> None:
