@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TRAIN_STAMP := $(VENV)/.installed-train
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train eval test test-slow test-gpu test-extras bench-gpu rename
+.PHONY: install train eval test test-slow test-avx2 test-gpu test-extras bench-gpu rename
 
 $(TRAIN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test: $(STAMP)
 # waits on them, so two tests at a time overlap one's imports with the other's training.
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow $(ARGS)
+
+# The tests whose answer depends on the CPU's bfloat16/float16 instructions (marker `native`),
+# with oneDNN and ATen capped at AVX2 as on an AVX2-only server or laptop: `make test` runs them
+# with this CPU's own, so CI sees both answers on any box.
+test-avx2: $(STAMP)
+	ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -m "native and not slow and not gpu" $(ARGS)
 
 test-gpu: $(STAMP)  # needs CUDA: every test is skipped without it
 	$(PY) -m pytest -m gpu $(ARGS)

@@ -18,6 +18,9 @@ from cifar_amp.errors import UserError
 from cifar_amp.training import build_run, train
 from conftest import options
 
+# Their answers follow this CPU's bfloat16/float16 instructions: make test-avx2 runs them capped.
+pytestmark = pytest.mark.native
+
 # the core's and the speedrun extra's, where it is here
 CPU_RECIPES = [f"experiment={e}" for e in ("cpu_quick", "speedrun") if e in options("experiment")]
 SHRUNK = ("model.widths=[8,8,8]", "data.batch_size=16")  # the recipes' SpeedNet, narrow

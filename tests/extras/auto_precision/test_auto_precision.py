@@ -31,6 +31,9 @@ from conftest import CPU_DDP, requires_cuda
 from test_ddp import TWO_RANKS, plain
 from test_host_sync import _AtenReads, _PythonReads
 
+# The candidates follow this CPU's bfloat16/float16 instructions: make test-avx2 runs them capped.
+pytestmark = pytest.mark.native
+
 
 @pytest.mark.parametrize(
     "device,bf16,fp16,expected",

@@ -13,6 +13,9 @@ from cifar_amp.extras.diagnostics import diagnostics as D
 from cifar_amp.training import train
 from conftest import requires_cuda
 
+# What autocast makes of each mode follows the CPU's kernels: make test-avx2 runs them capped.
+pytestmark = pytest.mark.native
+
 DIAG = "+callbacks.precision_diagnostics._target_=cifar_amp.extras.diagnostics.diagnostics.PrecisionDiagnostics"
 
 

@@ -55,6 +55,7 @@ def test_every_searched_value_is_a_valid_config(make_cfg, name):
             make_cfg(f"hparams_search={name}", f"{key}={value}")  # composes and validates
 
 
+@pytest.mark.native  # asks this CPU (make test-avx2: capped at AVX2)
 def test_the_cpu_search_spends_no_trial_on_float16_autocast():
     assert "16-mixed" in search_space("optuna").pop("precision").choices
     assert search_space("optuna_cpu").pop("precision").choices == ("32-true", "bf16-mixed")
@@ -109,6 +110,7 @@ def test_the_search_leaves_out_the_modes_this_machine_emulates_and_says_so(monke
     )
 
 
+@pytest.mark.native  # asks this CPU (make test-avx2: capped at AVX2)
 def test_a_precision_choice_on_the_command_line_is_searched_as_given(tmp_path):
     """The command line goes over the restricted params (the sweeper: search_space)."""
     params = machine.fast_here(
