@@ -47,7 +47,7 @@ def figure(confusion: Tensor, names: list[str]):
     counts = confusion.double()
     shares = (counts / counts.sum(1, keepdim=True).clamp_min(1)).numpy()
     n = len(names)
-    side = min(4 + 0.45 * n, 20)  # 100 classes: 2,000 px a side, drawn in half the time of 3,000
+    side = min(4 + 0.45 * n, 30)
     fig = Figure(figsize=(side, side), layout="constrained")
     ax = fig.subplots()
     image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
