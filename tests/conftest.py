@@ -336,6 +336,11 @@ def deterministic(result: dict) -> dict:
     return {k: v for k, v in result.items() if k in keep}
 
 
+def has_extra(name: str) -> bool:
+    """Whether the extra `name` is in this copy of the tree (make test-extras deletes them)."""
+    return (config.EXTRAS / name).is_dir()
+
+
 def options(group: str) -> list[str]:
     """The options of a config group, from the files in configs/<group>/ and the extras'."""
     roots = (CONFIGS, *config.EXTRAS.glob("*/configs"))

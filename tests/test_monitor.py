@@ -97,6 +97,7 @@ def test_early_stopping_and_the_search_follow_the_monitor():
 
 
 def test_the_search_minimises_a_loss_it_monitors():
+    pytest.importorskip("cifar_amp.extras.sweeps")
     pytest.importorskip("optuna")
     cfg = compose_cfg(
         "train",
