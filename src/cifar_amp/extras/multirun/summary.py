@@ -27,7 +27,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from cifar_amp import metrics
-from cifar_amp.errors import EXIT_CODE, REPORTED, UserError, one_line, reported
+from cifar_amp.errors import EXIT_CODE, UserError, one_line, reported
 from cifar_amp.extras.multirun.multirun import ERROR_FILE
 from cifar_amp.runs import write_atomically, write_text
 
@@ -84,11 +84,14 @@ def job_order(job_dir: Path) -> tuple:
     return (0, int(job_dir.name), "") if job_dir.name.isdigit() else (1, 0, job_dir.name)
 
 
-def jobs_in(sweep_dir: Path) -> list[Job]:
-    """The sweep's jobs: its folders with Hydra's overrides.yaml or an error.txt (a job that
-    failed before it started has only that), in job order."""
-    found = [d for d in sweep_dir.iterdir() if (d / OVERRIDES).is_file() or (d / ERROR_FILE).is_file()]
-    return [read_job(d) for d in sorted(found, key=job_order)]
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's jobs' folders, in job order: those with Hydra's overrides.yaml or an
+    error.txt (a job that failed before it started has only that)."""
+    if not sweep_dir.is_dir():
+        return []
+    found = [d for d in sweep_dir.iterdir() if (d / OVERRIDES).is_file()]
+    found += [d for d in sweep_dir.iterdir() if (d / ERROR_FILE).is_file() and d not in found]
+    return sorted(found, key=job_order)
 
 
 def read_job(job_dir: Path) -> Job:
@@ -122,10 +125,10 @@ def collect(sweep_dir: Path) -> list[Job]:
             f"{sweep_dir}: the directory of one run, not of a sweep (a sweep's holds one "
             "directory per job)"
         )
-    jobs = jobs_in(sweep_dir)
-    if not jobs:
+    found = job_dirs(sweep_dir)
+    if not found:
         raise UserError(f"{sweep_dir}: not a sweep's directory: no <job>/{OVERRIDES} in it")
-    return jobs
+    return [read_job(d) for d in found]
 
 
 def group(jobs: Sequence[Job]) -> list[Group]:
@@ -225,13 +228,17 @@ def plural(n: int, noun: str) -> str:
 def repeated(jobs: Sequence[Job]) -> str:
     """The EXEMPT overrides of the jobs, `seed=0,1,2`; "none" where they have none."""
     values: dict[str, list[str]] = {}
-    for o in (o for j in jobs for o in j.overrides if key(o) in EXEMPT):
-        values.setdefault(key(o), []).append(o.partition("=")[2])
-    said = [f"{k}={','.join(dict.fromkeys(v))}" for k, v in values.items()]
-    return " ".join(f"`{s}`" for s in said) or "none"
+    for job in jobs:
+        for override in job.overrides:
+            if key(override) in EXEMPT:
+                values.setdefault(key(override), []).append(override.partition("=")[2])
+    said = [f"`{k}={','.join(dict.fromkeys(v))}`" for k, v in values.items()]
+    return " ".join(said) or "none"
 
 
-def report(sweep_dir: Path, jobs: Sequence[Job], groups: Sequence[Group], shown: Sequence[str]) -> str:
+def report(
+    sweep_dir: Path, jobs: Sequence[Job], groups: Sequence[Group], shown: Sequence[str]
+) -> str:
     """summary.md's text."""
     common = [o for o in groups[0].overrides if o not in varying([g.overrides for g in groups])]
     failed = [j for j in jobs if j.error is not None]
@@ -274,7 +281,10 @@ def csv_text(groups: Sequence[Group], names: Sequence[str]) -> str:
         row += [len(g.jobs), len(g.failed()), " ".join(j.name for j in g.failed())]
         for m in names:
             stat = g.stat(m)
-            row += ["", "", 0] if stat is None else [stat.mean, "" if stat.std is None else stat.std, stat.n]
+            if stat is None:
+                row += ["", "", 0]
+            else:
+                row += [stat.mean, "" if stat.std is None else stat.std, stat.n]
         writer.writerow(row)
     return out.getvalue()
 
@@ -302,8 +312,12 @@ def chart(path: Path, groups: Sequence[Group], shown: Sequence[str]) -> None:
 
 def write(sweep_dir: Path, asked: Sequence[str] = ()) -> str:
     """Write summary.md, .csv and .png into `sweep_dir` (refused before any is written);
-    return the short table. No chart where no job has a number to draw."""
-    jobs = collect(sweep_dir)
+    return the short table."""
+    return write_jobs(sweep_dir, collect(sweep_dir), asked)
+
+
+def write_jobs(sweep_dir: Path, jobs: Sequence[Job], asked: Sequence[str] = ()) -> str:
+    """write() of `jobs`, the sweep's. No chart where no job has a number to draw."""
     groups = group(jobs)
     shown = chosen_metrics(jobs, asked)
     write_text(sweep_dir / f"{NAME}.md", report(sweep_dir, jobs, groups, shown))
@@ -319,22 +333,19 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
-        jobs = jobs_in(root) if root.is_dir() else []
-        if not jobs:  # no job ran
+        if not job_dirs(root):  # no job ran
             return
-        lines = []
-        try:
-            table = write(root)
-            print(f"Sweep summary ({root}/{NAME}.md, .csv, .png):\n{table}", end="")
-        except REPORTED as e:  # what the jobs wrote stays; the sweep says why and fails
-            lines.append(f"error: the sweep's summary was not written: {one_line(e)}")
+        with reported():  # a metrics.json that is no JSON, a full disk: one line, exit 2
+            jobs = collect(root)
+            table = write_jobs(root, jobs)
+        print(f"Sweep summary ({root}/{NAME}.md, .csv, .png):\n{table}", end="")
         failed = [j for j in jobs if j.error is not None]
-        if failed:
-            lines.append(f"error: {len(failed)} job(s) of the sweep in {root} failed:")
-            lines += [f"  {job_label(j, jobs)}: {j.error}" for j in failed]
-        if lines:
-            print("\n".join(lines), file=sys.stderr)
-            sys.exit(EXIT_CODE)
+        if not failed:
+            return
+        lines = [f"error: {len(failed)} job(s) of the sweep in {root} failed:"]
+        lines += [f"  {job_label(j, jobs)}: {j.error}" for j in failed]
+        print("\n".join(lines), file=sys.stderr)
+        sys.exit(EXIT_CODE)
 
 
 def main(argv: list[str] | None = None) -> None:
