@@ -64,7 +64,7 @@ ACCS = [(0.61, 0.63), (0.65, 0.66), (0.60, 0.64), (0.70, 0.71), (0.72, 0.69), (0
 
 def test_a_precision_by_seed_sweep_is_two_groups_of_three(tmp_path):
     grid(tmp_path, ACCS)
-    table = summary.write(tmp_path)
+    table, _ = summary.write(tmp_path)
     got = rows(tmp_path)
     assert [r["precision"] for r in got] == list(PRECISIONS)
     assert "seed" not in got[0] and "trainer" not in got[0]  # grouped over; common to all
@@ -100,6 +100,18 @@ def test_a_failed_job_is_counted_and_named_and_null_metrics_counted_per_metric(t
     assert "| precision=bf16-mixed | 3 | 1 (job 5) |" in md
     expected = "- job 5 (precision=bf16-mixed seed=2): invalid config value for precision: boom"
     assert expected in md
+
+
+def test_a_value_that_diverged_makes_its_groups_mean_nan_and_no_other(tmp_path):
+    accs = [*ACCS[:5], (float("nan"), 0.7)]  # json writes NaN, and reads it back
+    grid(tmp_path, accs)
+    table, _ = summary.write(tmp_path)
+    fp32, bf16 = rows(tmp_path)
+    assert bf16[f"{metrics.TEST_ACC}_mean"] == bf16[f"{metrics.TEST_ACC}_std"] == "nan"
+    assert bf16[f"{metrics.TEST_ACC}_n"] == "3"
+    values = [a[0] for a in ACCS[:3]]
+    assert float(fp32[f"{metrics.TEST_ACC}_std"]) == pytest.approx(statistics.stdev(values))
+    assert "| precision=bf16-mixed | 3 | 0 | nan +- nan (3) |" in table
 
 
 def test_a_fold_sweep_is_one_group_of_five(tmp_path):

@@ -49,8 +49,8 @@ class Job:
 
 @dataclass(frozen=True)
 class Stat:
-    mean: float
-    std: float | None  # sample standard deviation (n-1); None where n = 1
+    mean: float  # NaN or inf where a job's value is (a loss that diverged)
+    std: float | None  # sample standard deviation (n-1); None where n = 1, NaN where not finite
     n: int  # the group's jobs that have the metric
 
 
@@ -63,7 +63,10 @@ class Group:
         values = [j.result[metric] for j in self.jobs if is_number((j.result or {}).get(metric))]
         if not values:
             return None
-        std = statistics.stdev(values) if len(values) > 1 else None
+        std = None
+        if len(values) > 1:
+            # statistics.stdev fails on a NaN or an inf, where the spread is not a number
+            std = statistics.stdev(values) if all(map(math.isfinite, values)) else math.nan
         return Stat(statistics.mean(values), std, len(values))
 
     def failed(self) -> list[Job]:
@@ -157,7 +160,8 @@ def numeric_metrics(jobs: Sequence[Job]) -> list[str]:
 def chosen_metrics(jobs: Sequence[Job], asked: Sequence[str]) -> list[str]:
     """`asked`, each a numeric metric of some job; by default MAIN's, else the first few."""
     present = numeric_metrics(jobs)
-    if missing := [m for m in asked if m not in present]:
+    missing = [m for m in asked if m not in present]
+    if missing:
         raise UserError(
             f"--metrics {','.join(missing)}: no job's metrics.json has a number for it; "
             f"there are: {', '.join(present) or 'none'}"
@@ -301,7 +305,7 @@ def chart(path: Path, groups: Sequence[Group], shown: Sequence[str]) -> None:
     for ax, metric in zip(axes, shown, strict=True):
         stats = [g.stat(metric) for g in groups]
         means = [math.nan if s is None else s.mean for s in stats]
-        stds = [0.0 if s is None or s.std is None else s.std for s in stats]
+        stds = [s.std if s and s.std is not None and math.isfinite(s.std) else 0.0 for s in stats]
         bars = ax.bar(range(len(groups)), means, 0.6, yerr=stds, capsize=4, color="C0")
         ax.bar_label(bars, labels=[cell(s) for s in stats], fontsize=7, label_type="center")
         ax.set_xticks(range(len(groups)), names, fontsize=8)
@@ -310,21 +314,23 @@ def chart(path: Path, groups: Sequence[Group], shown: Sequence[str]) -> None:
     write_atomically(path, FigureCanvasAgg(fig).print_png)
 
 
-def write(sweep_dir: Path, asked: Sequence[str] = ()) -> str:
-    """Write summary.md, .csv and .png into `sweep_dir` (refused before any is written);
-    return the short table."""
+def write(sweep_dir: Path, asked: Sequence[str] = ()) -> tuple[str, str]:
+    """Write summary.md, .csv and .png into `sweep_dir` (refused before any is written):
+    (the short table, the files written)."""
     return write_jobs(sweep_dir, collect(sweep_dir), asked)
 
 
-def write_jobs(sweep_dir: Path, jobs: Sequence[Job], asked: Sequence[str] = ()) -> str:
+def write_jobs(sweep_dir: Path, jobs: Sequence[Job], asked: Sequence[str] = ()) -> tuple[str, str]:
     """write() of `jobs`, the sweep's. No chart where no job has a number to draw."""
     groups = group(jobs)
     shown = chosen_metrics(jobs, asked)
     write_text(sweep_dir / f"{NAME}.md", report(sweep_dir, jobs, groups, shown))
     write_text(sweep_dir / f"{NAME}.csv", csv_text(groups, numeric_metrics(jobs)))
+    files = f"{sweep_dir / NAME}.md, .csv"
     if shown:
         chart(sweep_dir / f"{NAME}.png", groups, shown)
-    return short_table(groups, shown)
+        files += ", .png"
+    return short_table(groups, shown), files
 
 
 class SweepSummary(Callback):
@@ -337,8 +343,8 @@ class SweepSummary(Callback):
             return
         with reported():  # a metrics.json that is no JSON, a full disk: one line, exit 2
             jobs = collect(root)
-            table = write_jobs(root, jobs)
-        print(f"Sweep summary ({root}/{NAME}.md, .csv, .png):\n{table}", end="")
+            table, files = write_jobs(root, jobs)
+        print(f"Sweep summary ({files}):\n{table}", end="")
         failed = [j for j in jobs if j.error is not None]
         if not failed:
             return
@@ -360,9 +366,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     with reported():
-        table = write(args.sweep_dir, args.metrics.split(",") if args.metrics else ())
+        table, files = write(args.sweep_dir, args.metrics.split(",") if args.metrics else ())
     print(table, end="")
-    print(f"wrote {args.sweep_dir}/{NAME}.md, .csv, .png")
+    print(f"wrote {files}")
 
 
 if __name__ == "__main__":
