@@ -4,4 +4,4 @@ nothing else breaks. Measured results: docs/benchmarks*.md."""
 
 # The one extra outside src/<pkg>/extras/: its commands are `python -m bench.<name>` from the
 # repository root. The extras its benchmarks use (.ci/extras.py reads this):
-NEEDS = ("diagnostics", "speedrun", "auto_precision", "resnet18", "reliability")
+NEEDS = ("diagnostics", "speedrun", "auto_precision", "resnet18", "reliability", "multirun")

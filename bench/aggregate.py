@@ -5,20 +5,22 @@ overrides in `.hydra/overrides.yaml` and, once finished, `metrics.json`. This wr
 `aggregate.md`, `aggregate.csv` and `aggregate.png` into the multirun dir: one row per job,
 the overrides that differ between jobs as columns, then every numeric metric. Jobs without
 metrics.json (failed or unfinished) are listed as such.
+
+The jobs are read as the multirun extra's summary reads them (`python -m
+cifar_amp.extras.multirun.summary <multirun dir>`, which every sweep writes at its end): that
+one has a row per setting instead, the mean +- std (n) over its seeds and folds.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-
-from omegaconf import OmegaConf
 
 from bench import report
 from cifar_amp import metrics
 from cifar_amp.errors import UserError, reported
 from cifar_amp.extras.diagnostics import diagnostics as D
+from cifar_amp.extras.multirun import summary
 
 DEFAULT_CHART = (
     metrics.TEST_ACC,
@@ -28,30 +30,16 @@ DEFAULT_CHART = (
 )
 
 
-def _job_key(path: Path):
-    return (0, int(path.name), "") if path.name.isdigit() else (1, 0, str(path))
-
-
 def collect(sweep_dir: Path) -> list[dict]:
     """[{"job", "overrides": {key: value}, "metrics": {...} or None}] in job order."""
-    if not sweep_dir.is_dir():
-        raise UserError(
-            f"{sweep_dir}: no such directory (give a multirun dir, e.g. logs/train/multiruns/<time>)"
-        )
-    jobs = []
-    for overrides in sorted(
-        sweep_dir.glob("**/.hydra/overrides.yaml"), key=lambda p: _job_key(p.parent.parent)
-    ):
-        job = overrides.parent.parent
-        pairs = [str(o).lstrip("+~").split("=", 1) for o in OmegaConf.load(overrides)]
-        found = job / "metrics.json"
-        jobs.append(
-            {
-                "job": str(job.relative_to(sweep_dir)),
-                "overrides": {p[0]: p[1] if len(p) > 1 else "" for p in pairs},
-                "metrics": json.loads(found.read_text()) if found.is_file() else None,
-            }
-        )
+    jobs = [
+        {
+            "job": job.name,
+            "overrides": {summary.key(o): o.partition("=")[2] for o in job.overrides},
+            "metrics": job.result,
+        }
+        for job in summary.collect(sweep_dir)
+    ]
     if not any(j["metrics"] is not None for j in jobs):
         raise UserError(
             f"{sweep_dir}: no job with .hydra/overrides.yaml and metrics.json (did the sweep run?)"

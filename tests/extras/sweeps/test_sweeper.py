@@ -241,7 +241,7 @@ def test_failed_jobs_fail_alone_are_named_and_the_sweep_goes_on(tmp_path):
         "fail=choice(none, nan_value, raise, pruned)",
         "hydra.sweeper.n_trials=4",
         BRUTE_FORCE,
-        "+hydra.callbacks.summary._target_=cifar_amp.extras.multirun.multirun.SweepSummary",
+        "+hydra.callbacks.summary._target_=cifar_amp.extras.multirun.summary.SweepSummary",
         check=False,
     )
     assert {t.params["fail"]: t.state for t in study.trials} == {

@@ -2,8 +2,8 @@
 `<job dir>/error.txt`, NaN to the sweeper), whichever DDP rank failed, and the sweep ends with a
 summary naming the failed jobs (exit 2).
 
-Its configs/hydra/sweep_jobs/ adds SweepSummary to Hydra's callbacks, and SweepJobs as their
-`job_runner`, through which cli.job runs each job (seams.JobRunner).
+Its configs/hydra/sweep_jobs/ adds summary.SweepSummary to Hydra's callbacks, and SweepJobs as
+their `job_runner`, through which cli.job runs each job (seams.JobRunner).
 
 Under DDP, Lightning starts ranks > 0 by re-running `sys.argv` with `hydra.run.dir=<the job's
 dir>` (lightning.fabric.strategies.launchers.subprocess_script). In a multirun that argv still
@@ -28,7 +28,7 @@ from typing import Any, Callable
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, read_write
+from omegaconf import DictConfig, read_write
 
 from cifar_amp.cli import end_process_group
 from cifar_amp.errors import EXIT_CODE, REPORTED, one_line, reported
@@ -153,24 +153,3 @@ class SweepJobs(Callback, JobRunner):
             return _sweep_job_rank(task, cfg, Path(hc.runtime.output_dir))
         with reported():
             return task(cfg)
-
-
-class SweepSummary(Callback):
-    """At the end of a sweep: name the failed jobs on stderr and exit 2 if there were any."""
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        root = Path(config.hydra.sweep.dir)
-        failed = sorted(root.glob(f"*/{ERROR_FILE}"), key=lambda p: p.parent.name)
-        if not failed:
-            return
-        jobs = {
-            p.parent.parent.name: [str(o) for o in OmegaConf.load(p)]
-            for p in root.glob("*/.hydra/overrides.yaml")
-        }
-        varying = set.union(set(), *jobs.values()) - set.intersection(*map(set, jobs.values()))
-        lines = [f"error: {len(failed)} job(s) of the sweep in {root} failed:"]
-        for path in failed:
-            which = " ".join(o for o in jobs.get(path.parent.name, []) if o in varying)
-            lines.append(f"  job {path.parent.name} ({which}): {path.read_text().strip()}")
-        print("\n".join(lines), file=sys.stderr)
-        sys.exit(EXIT_CODE)
