@@ -184,3 +184,12 @@ def test_a_real_sweep_ends_with_its_summary(tmp_path, tiny_data, monkeypatch, ca
     assert "| all jobs | 2 | 0 |" in (sweep / "summary.md").read_text()
     code, _ = command(monkeypatch, capsys, MODULE, str(sweep))  # and again, afterwards
     assert code == 0 and rows(sweep) == [row]
+
+
+def test_the_table_shows_the_metric_the_runs_monitored(tmp_path):
+    """A sweep ranked by F1 (monitor.metric=f1) shows test/f1 and val/f1_best by default."""
+    for num, (f1, best) in enumerate([(0.5, 0.6), (0.7, 0.8)]):
+        scores = {"test/f1": f1, metrics.best("f1"): best, metrics.TEST_LOSS: 1.0}
+        write_job(tmp_path, num, ("monitor.metric=f1", f"seed={num}"), scores)
+    jobs = summary.collect(tmp_path)
+    assert summary.chosen_metrics(jobs, ()) == ["test/f1", "val/f1_best"]

@@ -32,8 +32,7 @@ from cifar_amp.extras.multirun.multirun import ERROR_FILE
 from cifar_amp.runs import write_atomically, write_text
 
 EXEMPT = ("seed", "data.fold")  # override keys a group's jobs repeat over: not a setting
-MAIN = (metrics.TEST_ACC, metrics.VAL_ACC_BEST)  # the short table's and the chart's metrics
-FIRST_FEW = 3  # where no job has a MAIN metric: how many of the first metrics stand in
+FIRST_FEW = 3  # where no job monitored a metric: how many of the first metrics stand in
 NAME = "summary"  # summary.md, summary.csv, summary.png
 OVERRIDES = Path(".hydra") / "overrides.yaml"  # in each job's directory (Hydra's)
 RESULT = "metrics.json"  # in a finished job's directory (runs.py)
@@ -158,7 +157,7 @@ def numeric_metrics(jobs: Sequence[Job]) -> list[str]:
 
 
 def chosen_metrics(jobs: Sequence[Job], asked: Sequence[str]) -> list[str]:
-    """`asked`, each a numeric metric of some job; by default MAIN's, else the first few."""
+    """`asked`, each a numeric metric of some job; by default those of the monitored metric, else the first few."""
     present = numeric_metrics(jobs)
     missing = [m for m in asked if m not in present]
     if missing:
@@ -166,7 +165,15 @@ def chosen_metrics(jobs: Sequence[Job], asked: Sequence[str]) -> list[str]:
             f"--metrics {','.join(missing)}: no job's metrics.json has a number for it; "
             f"there are: {', '.join(present) or 'none'}"
         )
-    return list(asked) or [m for m in MAIN if m in present] or present[:FIRST_FEW]
+    return list(asked) or monitored(present) or present[:FIRST_FEW]
+
+
+def monitored(present: list[str]) -> list[str]:
+    """The short table's and the chart's metrics: of each metric a run monitored (its
+    `val/<name>_best`: config.Monitor), the test value and the best validation value."""
+    names = [k.removeprefix("val/").removesuffix("_best") for k in present]
+    picked = [(metrics.key("test", n), k) for n, k in zip(names, present) if metrics.best(n) == k]
+    return [k for pair in picked for k in pair if k in present]
 
 
 def fmt(value: float | None) -> str:
@@ -362,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--metrics",
         help="comma-separated metrics.json keys for the printed table and the chart "
-        f"(default: {', '.join(MAIN)} where present)",
+        "(default: test/<m> and val/<m>_best of the metric m the runs monitored)",
     )
     args = parser.parse_args(argv)
     with reported():
