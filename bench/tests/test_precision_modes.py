@@ -30,6 +30,7 @@ def bench_cfg(tiny_data, tmp_path, *overrides):
     )
 
 
+@pytest.mark.slow  # every mode trained, a table, a chart: a benchmark end to end
 def test_bench_writes_table_chart_and_overhead(tiny_data, tmp_path):
     cfg = bench_cfg(
         tiny_data,

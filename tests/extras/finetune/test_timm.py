@@ -24,6 +24,7 @@ SHORT = (
 )
 
 
+@pytest.mark.slow  # a model's end-to-end run (its fast_dev_run: the default tier)
 def test_a_timm_network_trains_and_rebuilds_from_its_checkpoint(make_cfg, tmp_path):
     cfg = make_cfg("model=timm", f"model.name={NAME}", "model.activation_checkpointing=1", *SHORT)
     result = train(cfg)

@@ -210,8 +210,14 @@ MIXING = ("data.augment.mixup_alpha=0.4", "data.augment.cutmix_alpha=1.0")
 
 
 # Crash after step 7: last.ckpt is that of the end of epoch 0; after step 9: of step 8, mid-epoch 1.
+# The default tier resumes mid-epoch with mixing on; the other two cases are slow (CONTRIBUTING.md).
 @pytest.mark.parametrize(
-    ("crash_step", "saved_at", "mixing"), [(7, (0, 6), ()), (9, (1, 2), ()), (9, (1, 2), MIXING)]
+    ("crash_step", "saved_at", "mixing"),
+    [
+        pytest.param(7, (0, 6), (), marks=pytest.mark.slow),
+        pytest.param(9, (1, 2), (), marks=pytest.mark.slow),
+        (9, (1, 2), MIXING),
+    ],
 )
 def test_resume_matches_uninterrupted_run(make_folder_cfg, tmp_path, crash_step, saved_at, mixing):
     # 108 training images, 16 a batch: 6 steps an epoch; workers draw the first batches of an

@@ -25,6 +25,7 @@ from conftest import REPO, SHRINK, compose_cfg
 from test_ddp import run_in_session
 
 
+@pytest.mark.slow  # a -m sweep of the command
 def test_a_sweep_job_that_refuses_fails_alone_through_the_configured_callback(tmp_path):
     # src/cifar_amp/extras/multirun/configs/hydra/sweep_jobs adds the callback; cli.job finds its run_job there.
     cfg = compose_cfg("train", ["seed=3"], return_hydra_config=True)

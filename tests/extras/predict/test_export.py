@@ -69,6 +69,7 @@ def batches(ckpt: Path, images: Path, *sizes: int) -> list[torch.Tensor]:
     return [x[:n] for n in sizes]
 
 
+@pytest.mark.slow  # an export round trip (torch_export: the default tier)
 def test_onnx_runs_in_onnxruntime_at_any_batch_size(ckpt, real_images, tmp_path):
     out = run_export(tmp_path, ckpt, real_images, "format=onnx")
     assert out == tmp_path / "model.onnx" and not list(tmp_path.glob(".*tmp*"))

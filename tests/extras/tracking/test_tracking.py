@@ -120,6 +120,7 @@ def mlflow_runs(uri: str, experiment: str) -> list:
     return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
 
 
+@pytest.mark.slow  # a tracker's store
 def test_mlflow_default_store_is_sqlite_in_logs_and_a_set_uri_wins(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -133,6 +134,7 @@ def test_mlflow_default_store_is_sqlite_in_logs_and_a_set_uri_wins(tmp_path, mon
     assert uri.logger.mlflow.tracking_uri == "http://h:1"
 
 
+@pytest.mark.slow  # a tracker's store, two runs
 def test_mlflow_run_has_the_config_and_final_metrics_and_resumes_continue_it(
     make_cfg, tmp_path, mlflow_uri, with_mlflow, request
 ):
@@ -274,6 +276,7 @@ def wandb_runs(run_dir: Path) -> list[tuple[str, dict, dict]]:
     return out
 
 
+@pytest.mark.slow  # a tracker's store, two runs
 def test_wandb_runs_offline_with_the_config_and_final_metrics_and_resumes_the_same_id(
     make_cfg, tmp_path, wandb_offline
 ):
