@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-import huggingface_hub
+import huggingface_hub.constants  # a module of its own: 2.x no longer makes it an attribute on import
 import pytest
 import torch
 from safetensors.torch import save_file

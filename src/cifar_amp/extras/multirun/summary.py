@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from cifar_amp.extras.multirun.multirun import ERROR_FILE
 from cifar_amp.runs import write_atomically, write_text
 
 EXEMPT = ("seed", "data.fold")  # override keys a group's jobs repeat over: not a setting
+BEST = re.compile(r"val/(\w+)_best")  # metrics.best(name), the best value of a monitored metric
 FIRST_FEW = 3  # where no job monitored a metric: how many of the first metrics stand in
 NAME = "summary"  # summary.md, summary.csv, summary.png
 OVERRIDES = Path(".hydra") / "overrides.yaml"  # in each job's directory (Hydra's)
@@ -171,9 +173,8 @@ def chosen_metrics(jobs: Sequence[Job], asked: Sequence[str]) -> list[str]:
 def monitored(present: list[str]) -> list[str]:
     """The short table's and the chart's metrics: of each metric a run monitored (its
     `val/<name>_best`: config.Monitor), the test value and the best validation value."""
-    names = [k.removeprefix("val/").removesuffix("_best") for k in present]
-    picked = [(metrics.key("test", n), k) for n, k in zip(names, present) if metrics.best(n) == k]
-    return [k for pair in picked for k in pair if k in present]
+    names = [found.group(1) for found in map(BEST.fullmatch, present) if found]
+    return [k for n in names for k in (metrics.key("test", n), metrics.best(n)) if k in present]
 
 
 def fmt(value: float | None) -> str:
