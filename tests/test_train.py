@@ -23,6 +23,7 @@ def weights(path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
+@pytest.mark.slow  # each model's fast_dev_run (the default recipe's model: test_default_recipe.py)
 @pytest.mark.parametrize("model", options("model"))
 def test_fast_dev_run_per_model(make_cfg, model):
     overrides = {"speednet": ["model.widths=[8,8,8]"], "small_cnn": ["model.width=8"]}.get(

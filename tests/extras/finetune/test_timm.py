@@ -43,6 +43,7 @@ def test_pretrained_without_network_says_how_to_use_a_local_file(monkeypatch):
     assert "model.pretrained_path=<file>" in msg and "\n" not in msg
 
 
+@pytest.mark.slow  # a model's end-to-end run
 def test_pretrained_path_loads_a_local_file_and_checkpoints_need_it_no_more(make_cfg, tmp_path):
     import timm  # here: importing it (and wandb, which it imports) costs each xdist worker ~1.4 s
 

@@ -182,6 +182,7 @@ def test_mlflow_run_continues_after_a_crash(make_cfg, tmp_path, mlflow_uri, with
     assert resumed.data.metrics[metrics.TEST_ACC] == numeric_results(stopped)[metrics.TEST_ACC]
 
 
+@pytest.mark.slow  # a tracker's store
 def test_a_run_missing_from_the_store_starts_a_new_one(make_cfg, with_mlflow, caplog):
     cfg = make_cfg(*with_mlflow)  # as if the checkpoint was tracked in another store
     logger = build.loggers(cfg, {TRACKERS: {"mlflow": "0" * 32}})["mlflow"]
@@ -190,6 +191,7 @@ def test_a_run_missing_from_the_store_starts_a_new_one(make_cfg, with_mlflow, ca
     assert f"MLflow run {'0' * 32} is not in {uri}: a new run starts" in caplog.text
 
 
+@pytest.mark.slow  # a tracker's store
 def test_a_checkpoint_of_the_previous_release_continues_its_run(make_cfg, tmp_path, with_mlflow):
     """Earlier releases kept the tracked runs by logger class name."""
     first = tmp_path / "first"
