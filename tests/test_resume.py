@@ -110,6 +110,28 @@ def resume_mid_epoch(make_cfg, tmp_path) -> tuple:
     return tmp_path / "a", crashed
 
 
+def test_a_best_checkpoint_the_resumed_ranking_lacks_is_overwritten_not_versioned(
+    make_cfg, tmp_path
+):
+    """A run killed after writing a best checkpoint and before the next last.ckpt left a file
+    that the ranking it resumes with does not hold; the resume writes that name again, as the
+    uninterrupted run does, rather than best-epoch000-v1.ckpt beside it (bench.kill_campaign
+    found the -v1 tested)."""
+    train(make_cfg(*EXACT, f"run_dir={tmp_path / 'a'}"))
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=5")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*EXACT, *crash, f"run_dir={crashed}"))
+    stale = crashed / "checkpoints" / "best-epoch000.ckpt"
+    stale.write_bytes(b"written by the part of the run that was killed")
+    last = crashed / "checkpoints" / "last.ckpt"
+    train(make_cfg(*EXACT, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert sorted(p.name for p in stale.parent.iterdir()) == ["best-epoch000.ckpt", "last.ckpt"]
+    assert comparable(tmp_path / "a") == comparable(crashed)
+    assert_same_weights(tmp_path / "a", crashed)
+    ImageClassifier.load_from_checkpoint(stale)  # the resumed run's, whole
+
+
 def test_resume_from_an_epoch_end_checkpoint_starts_the_next_epochs_metrics_afresh(
     make_cfg, tmp_path
 ):

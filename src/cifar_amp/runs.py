@@ -152,9 +152,12 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         # ModelCheckpoint's, to resume the plain class's ranking; cached: asked at every hook call
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
+    resumed_in_place = False  # resumed in the run dir its checkpoint was written in
+
     def load_state_dict(self, state_dict: dict) -> None:
         old_dir = state_dict.get("dirpath")
         if old_dir is None or self.dirpath is None or Path(old_dir) == Path(self.dirpath):
+            self.resumed_in_place = old_dir is not None
             return super().load_state_dict(state_dict)
         if self.monitor is None:  # last.ckpt only: nothing ranked
             return
@@ -176,3 +179,12 @@ class ResumableModelCheckpoint(ModelCheckpoint):
             | {"best_model_path": moved.get(best, best), "kth_best_model_path": moved.get(kth, kth)}
             | {"best_k_models": {moved[p]: score for p, score in ranked.items()}}
         )
+
+    def file_exists(self, filepath, trainer) -> bool:
+        """Whether `filepath` is taken (ModelCheckpoint adds -v1 to a name that is). Resumed in
+        place, a file that the restored ranking does not hold was written by this run after
+        the checkpoint it resumed from, before it was killed: the uninterrupted run would write
+        that name, so it is overwritten rather than kept beside a best-epoch001-v1.ckpt."""
+        held = {*self.best_k_models, self.last_model_path}
+        known = not self.resumed_in_place or str(filepath) in held
+        return super().file_exists(filepath, trainer) and known
