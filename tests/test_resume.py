@@ -132,6 +132,33 @@ def test_a_best_checkpoint_the_resumed_ranking_lacks_is_overwritten_not_versione
     ImageClassifier.load_from_checkpoint(stale)  # the resumed run's, whole
 
 
+class RecordSaves(L.Callback):
+    """The global step of each checkpoint written, in `steps` (of the class: one test's run)."""
+
+    steps: list[int] = []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        RecordSaves.steps.append(trainer.global_step)
+
+
+def test_a_resumed_run_writes_the_checkpoints_the_uninterrupted_run_writes(make_cfg, tmp_path):
+    """Not the step it resumed at once more (under accumulation the first micro-batches after
+    the resume are still at that step): each write hands the queued training metrics to their
+    running sums, so an extra one changed the float sums of train/loss."""
+    record = f"+callbacks.saves._target_={__name__}.RecordSaves"
+    windows = (*EXACT, "trainer.accumulate_grad_batches=2")  # 5 steps of 2, one of 1
+    RecordSaves.steps = []
+    train(make_cfg(*windows, record, f"run_dir={tmp_path / 'a'}"))
+    uninterrupted, RecordSaves.steps = RecordSaves.steps, []
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=3")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*windows, *crash, f"run_dir={crashed}"))
+    last = crashed / "checkpoints" / "last.ckpt"
+    train(make_cfg(*windows, record, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert 2 in uninterrupted and RecordSaves.steps == [s for s in uninterrupted if s > 2]
+
+
 def test_resume_from_an_epoch_end_checkpoint_starts_the_next_epochs_metrics_afresh(
     make_cfg, tmp_path
 ):

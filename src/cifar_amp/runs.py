@@ -153,6 +153,19 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
     resumed_in_place = False  # resumed in the run dir its checkpoint was written in
+    started_at = 0  # the global step this fit started (or resumed) at
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.started_at = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # The step a run resumes at was saved before the kill, but Lightning does not checkpoint
+        # which step it last saved and saved it again at the first batch: a write that the
+        # uninterrupted run does not make, and a flush of the running training metrics, whose
+        # float sums then differed from that run's in the last bit (bench.kill_campaign).
+        if trainer.global_step != self.started_at:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def load_state_dict(self, state_dict: dict) -> None:
         old_dir = state_dict.get("dirpath")
