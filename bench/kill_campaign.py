@@ -314,6 +314,7 @@ def end_session(sid: int, grace: float) -> list[int]:
 
 @dataclass
 class Attempt:
+    pid: int  # the command's, its session's id
     returncode: int
     stderr: str
     left: list[int]  # processes of the command still running after it ended
@@ -337,7 +338,7 @@ def attempt(args: list[str], log: Path, kill: dict | None = None) -> Attempt:
         proc.wait()
     # A SIGKILLed command leaves its DDP ranks waiting for it: killed at once, as its whole group.
     left = end_session(proc.pid, grace=0 if proc.returncode == -signal.SIGKILL else 10)
-    return Attempt(proc.returncode, Path(f"{log}.err").read_text(), left)
+    return Attempt(proc.pid, proc.returncode, Path(f"{log}.err").read_text(), left)
 
 
 def last_line(text: str) -> str:

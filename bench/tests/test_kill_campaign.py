@@ -11,7 +11,7 @@ import torch
 
 from bench import kill_campaign
 from bench.kill_campaign import POINTS, Attempt, Kill
-from conftest import PICTURES, tiny_data  # noqa: F401 (a fixture)
+from conftest import PICTURES, built_once, tiny_data  # noqa: F401 (fixtures)
 
 TIMELINE = {
     "micro_batches": 22,
@@ -111,16 +111,17 @@ def test_a_kill_that_did_not_land_where_drawn_is_no_pass(tmp_path):
     said = {"point": "window", "signal": "SIGTERM", "at": 7, "step": 2, "stops_at": 3}
     term = 128 + signal.SIGTERM
     # the run ended before the point: no marker
-    where, why = landed(tmp_path / "1", kill, Attempt(0, "done\n", []), None)
+    where, why = landed(tmp_path / "1", kill, Attempt(1, 0, "done\n", []), None)
     assert why.startswith("not landed: no marker (exit 0")
     # stopped one window late
-    where, why = landed(tmp_path / "2", kill, Attempt(term, "", []), said, stopped=4)
+    where, why = landed(tmp_path / "2", kill, Attempt(1, term, "", []), said, stopped=4)
     assert why == "not landed: stopped at step 4, not 3"
-    where, why = landed(tmp_path / "3", kill, Attempt(term, "", []), said, stopped=3)
+    where, why = landed(tmp_path / "3", kill, Attempt(1, term, "", []), said, stopped=3)
     assert (where, why) == ("step 2, stopped at step 3", "")
     sigkill = Kill("step", "SIGKILL", 7)
     mark = {"point": "step", "signal": "SIGKILL", "at": 7, "step": 2}
-    where, why = landed(tmp_path / "4", sigkill, Attempt(1, "Traceback\nValueError: x\n", []), mark)
+    crashed = Attempt(1, 1, "Traceback\nValueError: x\n", [])
+    where, why = landed(tmp_path / "4", sigkill, crashed, mark)
     assert why == f"not landed: exit 1, not {-signal.SIGKILL}: ValueError: x"
 
 
@@ -149,13 +150,23 @@ def campaign(tmp_path, tiny_data, capsys, *args: str, recipe=TINY) -> tuple[int,
 
 @pytest.mark.slow
 def test_a_short_campaign_lands_every_kill_and_ends_equal(tmp_path, tiny_data, capsys):
-    code, printed, rows = campaign(
-        tmp_path, tiny_data, capsys, "--kills", "3", "--ddp-kills", "1", "--seed", "1"
-    )
+    code, printed, rows = campaign(tmp_path, tiny_data, capsys, "--kills", "3", "--seed", "1")
     assert code == 0, printed
-    assert len(rows) == 4 and all(r.endswith("| equal |") for r in rows), printed
-    assert "2 (ddp_cpu)" in rows[3]
-    assert "all 4 equal to the uninterrupted run" in printed
+    assert len(rows) == 3 and all(r.endswith("| equal |") for r in rows), printed
+    assert "all 3 equal to the uninterrupted run" in printed
+
+
+@pytest.mark.slow
+def test_a_sigkill_of_a_ddp_command_lands_and_no_rank_outlives_it(tmp_path, tiny_data):
+    """The command is rank 0; the rank it started waits for it in a collective, until the
+    campaign kills the command's process group."""
+    run, marker = tmp_path / "run", tmp_path / "marker.json"
+    recipe = [*kill_campaign.RECIPE, *kill_campaign.DDP, f"data.data_dir={tiny_data}", *TINY]
+    spec = {"point": "step", "signal": "SIGKILL", "at": 4, "marker": str(marker)}
+    done = kill_campaign.attempt([*recipe, f"hydra.run.dir={run}"], tmp_path / "log", spec)
+    where, why = kill_campaign.landed(Kill("step", "SIGKILL", 4), done, marker, run, ddp=True)
+    assert (where, why) == ("step 1", ""), done.stderr[-3000:]  # 4th batch: 1 window of 3 done
+    assert done.left and kill_campaign.session(done.pid) == []
 
 
 @pytest.mark.slow
