@@ -132,6 +132,30 @@ def test_a_best_checkpoint_the_resumed_ranking_lacks_is_overwritten_not_versione
     ImageClassifier.load_from_checkpoint(stale)  # the resumed run's, whole
 
 
+def test_a_kill_after_a_validation_inside_a_window_resumes_exactly(make_cfg, tmp_path):
+    """Validation after batch 5, inside the window of batches 4 to 6: last.ckpt is not
+    written there (it would lack the gradients of batches 4 and 5), so a kill before the
+    window's step resumes from its start (step 1), and the run ends as the uninterrupted one."""
+    windows = (
+        *EXACT,
+        "trainer.accumulate_grad_batches=3",
+        "trainer.val_check_interval=0.5",
+        "callbacks.step_checkpoint.every_n_train_steps=1",
+    )
+    train(make_cfg(*windows, f"run_dir={tmp_path / 'a'}"))
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=2")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*windows, *crash, f"run_dir={crashed}"))
+    last = crashed / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=False)
+    loop = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
+    assert (saved["global_step"], loop["processed"]) == (1, 3)
+    train(make_cfg(*windows, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert_same_weights(tmp_path / "a", crashed)
+    assert comparable(tmp_path / "a") == comparable(crashed)
+
+
 class RecordSaves(L.Callback):
     """The global step of each checkpoint written, in `steps` (of the class: one test's run)."""
 

@@ -144,6 +144,13 @@ def _size(n: int) -> str:
     return f"{n / 1000**unit:.3g} {' kMGT'[unit]}B"
 
 
+def window_open(trainer) -> bool:
+    """Whether the epoch's training batches so far end inside an accumulation window: Lightning
+    steps at every accumulate_grad_batches-th batch of an epoch, and at its last."""
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+    return done % trainer.accumulate_grad_batches != 0 and done != trainer.num_training_batches
+
+
 class ResumableModelCheckpoint(ModelCheckpoint):
     """ModelCheckpoint whose ranking survives a resume into a new `dirpath`, by copying files in."""
 
@@ -158,6 +165,16 @@ class ResumableModelCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self.started_at = trainer.global_step
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # A validation inside an accumulation window (trainer.val_check_interval between two
+        # steps): a checkpoint written now lacks the window's gradients, and a resume from it
+        # stepped without them. last.ckpt stays at the window's start, from where a resume
+        # runs the window and this validation again; a ranked (best) file is written, as its
+        # weights are whole steps'.
+        if self.monitor is None and window_open(trainer):
+            return
+        super().on_validation_end(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # The step a run resumes at was saved before the kill, but Lightning does not checkpoint
