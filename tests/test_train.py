@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 import compat
 from cifar_amp import build, cli, metrics, seams
 from cifar_amp.evaluation import evaluate
-from cifar_amp.lean_module import EpochMetrics
+from cifar_amp.lean_module import LOGGED, EpochMetrics
 from cifar_amp.precision import Autocast
 from cifar_amp.training import build_run, train
 from conftest import deterministic, options
@@ -347,11 +347,16 @@ def test_a_declared_copy_of_the_state_is_saved_with_the_epochs_metrics_reset(mak
     module.train_loss.update(torch.ones(4))
     progress = SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=True))
     loop = SimpleNamespace(epoch_loop=progress)
-    trainer = SimpleNamespace(fit_loop=loop, callbacks=[Copy(), Undeclared()])
-    checkpoint = {key: module.state_dict() for key in ("state_dict", "copy", "other")}
+    logged = {"val/acc": torch.tensor(0.5)}
+    trainer = SimpleNamespace(
+        fit_loop=loop, callbacks=[Copy(), Undeclared()], callback_metrics=logged
+    )
+    keys = ("state_dict", "copy", "other")
+    checkpoint = {key: module.state_dict() for key in keys}
     EpochMetrics().on_save_checkpoint(trainer, module, checkpoint)
-    saved = {key: float(state["train_loss.weight"]) for key, state in checkpoint.items()}
+    saved = {key: float(checkpoint[key]["train_loss.weight"]) for key in keys}
     assert saved == {"state_dict": 0.0, "copy": 0.0, "other": 4.0}
+    assert checkpoint[LOGGED] == logged  # what was logged so far, for a resume
 
 
 @pytest.mark.parametrize(
