@@ -33,6 +33,8 @@ STAGES = ("train", "val", "test")
 QUEUE_LIMIT = 1 << 26
 # The checkpoint's key for the metrics logged up to it (Lightning's callback_metrics).
 LOGGED = "logged_metrics"
+# ... and, under DDP, for every rank's running training metrics (state_dict holds rank 0's).
+RANKS = "train_metrics_of_ranks"
 
 
 def build_metric(name: str, node: Mapping, num_classes: int) -> Metric:
@@ -179,20 +181,32 @@ class EpochMetrics(Callback):
 
     def on_load_checkpoint(self, trainer, module: LeanModule, checkpoint: dict) -> None:
         self.logged = checkpoint.get(LOGGED, {})
+        ranks = checkpoint.get(RANKS, {})
+        for name, states in ranks.items():  # each rank its own, not rank 0's
+            own = {k: v[trainer.global_rank] for k, v in states.items()}
+            getattr(module, name).load_state_dict(own)
 
     def on_save_checkpoint(self, trainer, module: LeanModule, checkpoint: dict) -> None:
         # Tensors, not floats: a read of each would wait for the device at every checkpoint.
         checkpoint[LOGGED] = dict(trainer.callback_metrics)
+        names = ("train_loss", *(f"train_{n}" for n in module.metric_names))
         # A resume from an epoch's end starts the next one, so training metrics are saved reset.
         if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            if trainer.world_size > 1:  # every rank saves (a collective): a resume sums them all
+                checkpoint[RANKS] = {n: gathered(trainer, getattr(module, n)) for n in names}
             return
         copies = (c for c in trainer.callbacks if isinstance(c, seams.ModelStateCopy))
         keys = checkpoint.keys() & {"state_dict", *(c.model_state_key for c in copies)}
-        for name in ("train_loss", *(f"train_{n}" for n in module.metric_names)):
+        for name in names:
             fresh = getattr(module, name).clone()
             fresh.reset()
             for key in keys:
                 checkpoint[key].update(fresh.state_dict(prefix=f"{name}."))
+
+
+def gathered(trainer, metric: Metric) -> dict[str, Tensor]:
+    """A metric's state on every rank: each tensor stacked by rank (rank 0's first)."""
+    return {k: trainer.strategy.all_gather(v) for k, v in metric.state_dict().items()}
 
 
 def logged_before_resume(trainer) -> dict[str, float]:
