@@ -156,6 +156,45 @@ def test_a_kill_after_a_validation_inside_a_window_resumes_exactly(make_cfg, tmp
     assert comparable(tmp_path / "a") == comparable(crashed)
 
 
+class CrashInValidation(L.Callback):
+    """Dies in the validation after optimizer step `step`."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_batch_end(self, trainer, *_) -> None:
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            raise RuntimeError("simulated crash")
+
+
+def test_a_kill_during_a_validation_after_a_step_checkpoint_runs_it_again(make_cfg, tmp_path):
+    """A validation after every 3rd batch, each a window's end and a step checkpoint's: the
+    step's last.ckpt is written after the validation, so a kill during it resumes from the
+    step before, and the resumed run runs the validation (Lightning skips the validation after
+    the batch of the checkpoint it resumes)."""
+    record = f"+callbacks.saves._target_={__name__}.RecordSaves"
+    checks = (
+        *EXACT,
+        "trainer.accumulate_grad_batches=3",
+        "trainer.val_check_interval=3",
+        "callbacks.step_checkpoint.every_n_train_steps=1",
+    )
+    RecordSaves.steps = []
+    train(make_cfg(*checks, record, f"run_dir={tmp_path / 'a'}"))
+    uninterrupted = RecordSaves.steps
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashInValidation", "+callbacks.crash.step=2")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*checks, *crash, f"run_dir={crashed}"))
+    last = crashed / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 1
+    RecordSaves.steps = []
+    train(make_cfg(*checks, record, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert RecordSaves.steps == [s for s in uninterrupted if s > 1]  # step 2's included
+    assert_same_weights(tmp_path / "a", crashed)
+    assert comparable(tmp_path / "a") == comparable(crashed)
+
+
 class RecordSaves(L.Callback):
     """The global step of each checkpoint written, in `steps` (of the class: one test's run)."""
 

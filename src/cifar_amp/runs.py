@@ -151,6 +151,21 @@ def window_open(trainer) -> bool:
     return done % trainer.accumulate_grad_batches != 0 and done != trainer.num_training_batches
 
 
+def validation_follows(trainer, batch_idx: int) -> bool:
+    """Whether Lightning validates after this training batch, as its training loop decides
+    by batches (not by time, nor for an early stop)."""
+    every_n_epochs = trainer.check_val_every_n_epoch
+    if not trainer.enable_validation:
+        return False
+    if every_n_epochs is not None and (trainer.current_epoch + 1) % every_n_epochs:
+        return False
+    loop = trainer.fit_loop.epoch_loop
+    if trainer.val_check_batch == float("inf"):
+        return loop.batch_progress.is_last_batch
+    batch = loop.total_batch_idx if every_n_epochs is None else batch_idx
+    return (batch + 1) % trainer.val_check_batch == 0
+
+
 class ResumableModelCheckpoint(ModelCheckpoint):
     """ModelCheckpoint whose ranking survives a resume into a new `dirpath`, by copying files in."""
 
@@ -166,7 +181,10 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self.started_at = trainer.global_step
 
+    deferred: int | None = None  # the batch whose step's save waits for the validation after it
+
     def on_validation_end(self, trainer, pl_module) -> None:
+        deferred, self.deferred = self.deferred, None
         # A validation inside an accumulation window (trainer.val_check_interval between two
         # steps): a checkpoint written now lacks the window's gradients, and a resume from it
         # stepped without them. last.ckpt stays at the window's start, from where a resume
@@ -175,14 +193,23 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         if self.monitor is None and window_open(trainer):
             return
         super().on_validation_end(trainer, pl_module)
+        if deferred is not None:
+            super().on_train_batch_end(trainer, pl_module, None, None, deferred)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # The step a run resumes at was saved before the kill, but Lightning does not checkpoint
         # which step it last saved and saved it again at the first batch: a write that the
         # uninterrupted run does not make, and a flush of the running training metrics, whose
         # float sums then differed from that run's in the last bit (bench.kill_campaign).
-        if trainer.global_step != self.started_at:
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if trainer.global_step == self.started_at:
+            return
+        # Lightning resumes a checkpoint of a batch that a validation follows as one written
+        # after that validation, and skips it: a kill during it lost it (val/acc_best and the
+        # ranking differed). The step's save waits for the validation's end.
+        if validation_follows(trainer, batch_idx):
+            self.deferred = batch_idx
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def load_state_dict(self, state_dict: dict) -> None:
         old_dir = state_dict.get("dirpath")
