@@ -110,6 +110,118 @@ def resume_mid_epoch(make_cfg, tmp_path) -> tuple:
     return tmp_path / "a", crashed
 
 
+def test_a_best_checkpoint_the_resumed_ranking_lacks_is_overwritten_not_versioned(
+    make_cfg, tmp_path
+):
+    """A run killed after writing a best checkpoint and before the next last.ckpt left a file
+    that the ranking it resumes with does not hold; the resume writes that name again, as the
+    uninterrupted run does, rather than best-epoch000-v1.ckpt beside it (bench.kill_campaign
+    found the -v1 tested)."""
+    train(make_cfg(*EXACT, f"run_dir={tmp_path / 'a'}"))
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=5")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*EXACT, *crash, f"run_dir={crashed}"))
+    stale = crashed / "checkpoints" / "best-epoch000.ckpt"
+    stale.write_bytes(b"written by the part of the run that was killed")
+    last = crashed / "checkpoints" / "last.ckpt"
+    train(make_cfg(*EXACT, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert sorted(p.name for p in stale.parent.iterdir()) == ["best-epoch000.ckpt", "last.ckpt"]
+    assert comparable(tmp_path / "a") == comparable(crashed)
+    assert_same_weights(tmp_path / "a", crashed)
+    ImageClassifier.load_from_checkpoint(stale)  # the resumed run's, whole
+
+
+def test_a_kill_after_a_validation_inside_a_window_resumes_exactly(make_cfg, tmp_path):
+    """Validation after batch 5, inside the window of batches 4 to 6: last.ckpt is not
+    written there (it would lack the gradients of batches 4 and 5), so a kill before the
+    window's step resumes from its start (step 1), and the run ends as the uninterrupted one."""
+    windows = (
+        *EXACT,
+        "trainer.accumulate_grad_batches=3",
+        "trainer.val_check_interval=0.5",
+        "callbacks.step_checkpoint.every_n_train_steps=1",
+    )
+    train(make_cfg(*windows, f"run_dir={tmp_path / 'a'}"))
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=2")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*windows, *crash, f"run_dir={crashed}"))
+    last = crashed / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=False)
+    loop = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
+    assert (saved["global_step"], loop["processed"]) == (1, 3)
+    train(make_cfg(*windows, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert_same_weights(tmp_path / "a", crashed)
+    assert comparable(tmp_path / "a") == comparable(crashed)
+
+
+class CrashInValidation(L.Callback):
+    """Dies in the validation after optimizer step `step`."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_batch_end(self, trainer, *_) -> None:
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            raise RuntimeError("simulated crash")
+
+
+def test_a_kill_during_a_validation_after_a_step_checkpoint_runs_it_again(make_cfg, tmp_path):
+    """A validation after every 3rd batch, each a window's end and a step checkpoint's: the
+    step's last.ckpt is written after the validation, so a kill during it resumes from the
+    step before, and the resumed run runs the validation (Lightning skips the validation after
+    the batch of the checkpoint it resumes)."""
+    record = f"+callbacks.saves._target_={__name__}.RecordSaves"
+    checks = (
+        *EXACT,
+        "trainer.accumulate_grad_batches=3",
+        "trainer.val_check_interval=3",
+        "callbacks.step_checkpoint.every_n_train_steps=1",
+    )
+    RecordSaves.steps = []
+    train(make_cfg(*checks, record, f"run_dir={tmp_path / 'a'}"))
+    uninterrupted = RecordSaves.steps
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashInValidation", "+callbacks.crash.step=2")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*checks, *crash, f"run_dir={crashed}"))
+    last = crashed / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 1
+    RecordSaves.steps = []
+    train(make_cfg(*checks, record, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert RecordSaves.steps == [s for s in uninterrupted if s > 1]  # step 2's included
+    assert_same_weights(tmp_path / "a", crashed)
+    assert comparable(tmp_path / "a") == comparable(crashed)
+
+
+class RecordSaves(L.Callback):
+    """The global step of each checkpoint written, in `steps` (of the class: one test's run)."""
+
+    steps: list[int] = []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        RecordSaves.steps.append(trainer.global_step)
+
+
+def test_a_resumed_run_writes_the_checkpoints_the_uninterrupted_run_writes(make_cfg, tmp_path):
+    """Not the step it resumed at once more (under accumulation the first micro-batches after
+    the resume are still at that step): each write hands the queued training metrics to their
+    running sums, so an extra one changed the float sums of train/loss."""
+    record = f"+callbacks.saves._target_={__name__}.RecordSaves"
+    windows = (*EXACT, "trainer.accumulate_grad_batches=2")  # 5 steps of 2, one of 1
+    RecordSaves.steps = []
+    train(make_cfg(*windows, record, f"run_dir={tmp_path / 'a'}"))
+    uninterrupted, RecordSaves.steps = RecordSaves.steps, []
+    crashed = tmp_path / "b"
+    crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=3")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*windows, *crash, f"run_dir={crashed}"))
+    last = crashed / "checkpoints" / "last.ckpt"
+    train(make_cfg(*windows, record, f"run_dir={crashed}", f"ckpt_path={last}"))
+    assert 2 in uninterrupted and RecordSaves.steps == [s for s in uninterrupted if s > 2]
+
+
 def test_resume_from_an_epoch_end_checkpoint_starts_the_next_epochs_metrics_afresh(
     make_cfg, tmp_path
 ):

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 import compat
 from cifar_amp import build, cli, metrics, seams
 from cifar_amp.evaluation import evaluate
-from cifar_amp.lean_module import EpochMetrics
+from cifar_amp.lean_module import LOGGED, EpochMetrics
 from cifar_amp.precision import Autocast
 from cifar_amp.training import build_run, train
 from conftest import deterministic, options
@@ -348,11 +348,42 @@ def test_a_declared_copy_of_the_state_is_saved_with_the_epochs_metrics_reset(mak
     module.train_loss.update(torch.ones(4))
     progress = SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=True))
     loop = SimpleNamespace(epoch_loop=progress)
-    trainer = SimpleNamespace(fit_loop=loop, callbacks=[Copy(), Undeclared()])
-    checkpoint = {key: module.state_dict() for key in ("state_dict", "copy", "other")}
+    logged = {"val/acc": torch.tensor(0.5)}
+    trainer = SimpleNamespace(
+        fit_loop=loop, callbacks=[Copy(), Undeclared()], callback_metrics=logged
+    )
+    keys = ("state_dict", "copy", "other")
+    checkpoint = {key: module.state_dict() for key in keys}
     EpochMetrics().on_save_checkpoint(trainer, module, checkpoint)
-    saved = {key: float(state["train_loss.weight"]) for key, state in checkpoint.items()}
+    saved = {key: float(checkpoint[key]["train_loss.weight"]) for key in keys}
     assert saved == {"state_dict": 0.0, "copy": 0.0, "other": 4.0}
+    assert checkpoint[LOGGED] == logged  # what was logged so far, for a resume
+
+
+def test_under_ddp_each_rank_resumes_its_own_running_training_metrics(make_cfg):
+    """state_dict holds rank 0's running sums; every rank's are kept beside them, and each
+    rank takes its own back (all took rank 0's: train/loss differed; bench.kill_campaign)."""
+    module = build.module(make_cfg(), 10)
+    module.train_loss.update(torch.ones(4))  # rank 0's 4 samples of loss 1: sums 4 and 4
+    progress = SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False))
+
+    def all_gather(t):  # as DDP stacks a tensor of each rank; rank 1's are 3 times rank 0's
+        return torch.stack([t, t * 3])
+
+    trainer = SimpleNamespace(
+        fit_loop=SimpleNamespace(epoch_loop=progress),
+        callbacks=[],
+        callback_metrics={},
+        world_size=2,
+        global_rank=1,
+        strategy=SimpleNamespace(all_gather=all_gather),
+    )
+    checkpoint = {"state_dict": module.state_dict()}
+    EpochMetrics().on_save_checkpoint(trainer, module, checkpoint)
+    resumed = build.module(make_cfg(), 10)
+    resumed.load_state_dict(checkpoint["state_dict"])  # rank 0's
+    EpochMetrics().on_load_checkpoint(trainer, resumed, checkpoint)
+    assert (float(resumed.train_loss.mean_value), float(resumed.train_loss.weight)) == (12, 12)
 
 
 @pytest.mark.parametrize(

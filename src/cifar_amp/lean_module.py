@@ -12,7 +12,8 @@ What it does out of sight, so that a subclass's steps and hooks stay its own:
 - The best validation value of the run's `monitor` (config.Monitor: `acc` unless set) is
   `val/<monitor>_best`, checkpointed.
 - A checkpoint holds the running training metrics, reset where the epoch ended, so a resume
-  from anywhere logs what the uninterrupted run logs.
+  from anywhere logs what the uninterrupted run logs; and what was logged so far
+  (`logged_before_resume`), for a resume that has no epoch or validation left to log it again.
 - Lightning sets the running hook's name (`compat.HOOK_NAME`) twice at each hook call (36
   times a step); it is stored without nn.Module.__setattr__'s checks (six Python calls a set).
 - The test stage also counts a confusion matrix, `confusion` once the test has ended: per-class
@@ -33,6 +34,10 @@ STAGES = ("train", "val", "test")
 # A stage's queued logits beyond this many numbers are handed to its metrics before the epoch
 # ends (256 MB of float32): CIFAR never reaches it; a large data set's epoch would.
 QUEUE_LIMIT = 1 << 26
+# The checkpoint's key for the metrics logged up to it (Lightning's callback_metrics).
+LOGGED = "logged_metrics"
+# ... and, under DDP, for every rank's running training metrics (state_dict holds rank 0's).
+RANKS = "train_metrics_of_ranks"
 
 
 def build_metric(name: str, node: Mapping, num_classes: int) -> Metric:
@@ -246,14 +251,41 @@ class EpochMetrics(Callback):
         module.log_stage("test")
         module.confusion = module.test_confusion.compute().cpu()
 
+    logged: dict[str, Tensor] = {}  # from the checkpoint a run resumed from
+
+    def on_load_checkpoint(self, trainer, module: LeanModule, checkpoint: dict) -> None:
+        self.logged = checkpoint.get(LOGGED, {})
+        ranks = checkpoint.get(RANKS, {})
+        for name, states in ranks.items():  # each rank its own, not rank 0's
+            own = {k: v[trainer.global_rank] for k, v in states.items()}
+            getattr(module, name).load_state_dict(own)
+
     def on_save_checkpoint(self, trainer, module: LeanModule, checkpoint: dict) -> None:
+        # Tensors, not floats: a read of each would wait for the device at every checkpoint.
+        checkpoint[LOGGED] = dict(trainer.callback_metrics)
+        names = ("train_loss", *(f"train_{n}" for n in module.metric_names))
         # A resume from an epoch's end starts the next one, so training metrics are saved reset.
         if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            if trainer.world_size > 1:  # every rank saves (a collective): a resume sums them all
+                checkpoint[RANKS] = {n: gathered(trainer, getattr(module, n)) for n in names}
             return
         copies = (c for c in trainer.callbacks if isinstance(c, seams.ModelStateCopy))
         keys = checkpoint.keys() & {"state_dict", *(c.model_state_key for c in copies)}
-        for name in ("train_loss", *(f"train_{n}" for n in module.metric_names)):
+        for name in names:
             fresh = getattr(module, name).clone()
             fresh.reset()
             for key in keys:
                 checkpoint[key].update(fresh.state_dict(prefix=f"{name}."))
+
+
+def gathered(trainer, metric: Metric) -> dict[str, Tensor]:
+    """A metric's state on every rank: each tensor stacked by rank (rank 0's first)."""
+    return {k: trainer.strategy.all_gather(v) for k, v in metric.state_dict().items()}
+
+
+def logged_before_resume(trainer) -> dict[str, float]:
+    """What a resumed run had logged before the checkpoint it resumed from. A run stopped by
+    SIGTERM after its last validation resumes with nothing left to log val/*: an uninterrupted
+    run's metrics.json holds them (bench.kill_campaign found them missing)."""
+    found = [cb.logged for cb in trainer.callbacks if isinstance(cb, EpochMetrics)]
+    return {k: float(v) for k, v in (found[0] if found else {}).items()}

@@ -144,6 +144,28 @@ def _size(n: int) -> str:
     return f"{n / 1000**unit:.3g} {' kMGT'[unit]}B"
 
 
+def window_open(trainer) -> bool:
+    """Whether the epoch's training batches so far end inside an accumulation window: Lightning
+    steps at every accumulate_grad_batches-th batch of an epoch, and at its last."""
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+    return done % trainer.accumulate_grad_batches != 0 and done != trainer.num_training_batches
+
+
+def validation_follows(trainer, batch_idx: int) -> bool:
+    """Whether Lightning validates after this training batch, as its training loop decides
+    by batches (not by time, nor for an early stop)."""
+    every_n_epochs = trainer.check_val_every_n_epoch
+    if not trainer.enable_validation:
+        return False
+    if every_n_epochs is not None and (trainer.current_epoch + 1) % every_n_epochs:
+        return False
+    loop = trainer.fit_loop.epoch_loop
+    if trainer.val_check_batch == float("inf"):
+        return loop.batch_progress.is_last_batch
+    batch = loop.total_batch_idx if every_n_epochs is None else batch_idx
+    return (batch + 1) % trainer.val_check_batch == 0
+
+
 class ResumableModelCheckpoint(ModelCheckpoint):
     """ModelCheckpoint whose ranking survives a resume into a new `dirpath`, by copying files in."""
 
@@ -152,9 +174,47 @@ class ResumableModelCheckpoint(ModelCheckpoint):
         # ModelCheckpoint's, to resume the plain class's ranking; cached: asked at every hook call
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
+    resumed_in_place = False  # resumed in the run dir its checkpoint was written in
+    started_at = 0  # the global step this fit started (or resumed) at
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.started_at = trainer.global_step
+
+    deferred: int | None = None  # the batch whose step's save waits for the validation after it
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        deferred, self.deferred = self.deferred, None
+        # A validation inside an accumulation window (trainer.val_check_interval between two
+        # steps): a checkpoint written now lacks the window's gradients, and a resume from it
+        # stepped without them. last.ckpt stays at the window's start, from where a resume
+        # runs the window and this validation again; a ranked (best) file is written, as its
+        # weights are whole steps'.
+        if self.monitor is None and window_open(trainer):
+            return
+        super().on_validation_end(trainer, pl_module)
+        if deferred is not None:
+            super().on_train_batch_end(trainer, pl_module, None, None, deferred)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # The step a run resumes at was saved before the kill, but Lightning does not checkpoint
+        # which step it last saved and saved it again at the first batch: a write that the
+        # uninterrupted run does not make, and a flush of the running training metrics, whose
+        # float sums then differed from that run's in the last bit (bench.kill_campaign).
+        if trainer.global_step == self.started_at:
+            return
+        # Lightning resumes a checkpoint of a batch that a validation follows as one written
+        # after that validation, and skips it: a kill during it lost it (val/acc_best and the
+        # ranking differed). The step's save waits for the validation's end.
+        if validation_follows(trainer, batch_idx):
+            self.deferred = batch_idx
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
     def load_state_dict(self, state_dict: dict) -> None:
         old_dir = state_dict.get("dirpath")
         if old_dir is None or self.dirpath is None or Path(old_dir) == Path(self.dirpath):
+            self.resumed_in_place = old_dir is not None
             return super().load_state_dict(state_dict)
         if self.monitor is None:  # last.ckpt only: nothing ranked
             return
@@ -176,3 +236,12 @@ class ResumableModelCheckpoint(ModelCheckpoint):
             | {"best_model_path": moved.get(best, best), "kth_best_model_path": moved.get(kth, kth)}
             | {"best_k_models": {moved[p]: score for p, score in ranked.items()}}
         )
+
+    def file_exists(self, filepath, trainer) -> bool:
+        """Whether `filepath` is taken (ModelCheckpoint adds -v1 to a name that is). Resumed in
+        place, a file that the restored ranking does not hold was written by this run after
+        the checkpoint it resumed from, before it was killed: the uninterrupted run would write
+        that name, so it is overwritten rather than kept beside a best-epoch001-v1.ckpt."""
+        held = {*self.best_k_models, self.last_model_path}
+        known = not self.resumed_in_place or str(filepath) in held
+        return super().file_exists(filepath, trainer) and known

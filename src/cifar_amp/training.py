@@ -87,7 +87,8 @@ def fit(run: Run) -> None:
         said = [cb.exit_code for cb in run.trainer.callbacks if isinstance(cb, seams.StopSignal)]
         raise SystemExit(next(iter(said), 128 + signal.SIGTERM)) from None
     run.fit_seconds = round(time.perf_counter() - start, 3)
-    run.fitted = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
+    fitted = {k: float(v) for k, v in run.trainer.callback_metrics.items()}
+    run.fitted = lean_module.logged_before_resume(run.trainer) | fitted
 
 
 def test(run: Run) -> dict:

@@ -243,3 +243,19 @@ def test_scale_tensor_is_the_scale_without_a_sync():
     scaler.scale(torch.ones(()))
     scale = compat.scale(scaler)
     assert isinstance(scale, torch.Tensor) and scale.item() == scaler.get_scale() == 1024.0
+
+
+def test_a_run_resumed_mid_epoch_logs_what_the_uninterrupted_run_logs(make_cfg, tmp_path):
+    """The epoch in progress is in each checkpoint: resumed mid-epoch, the epoch's norms and
+    clipping include the steps before the kill, and the skipped steps those since the first
+    fit began (found by bench.kill_campaign: they were the resumed part's alone)."""
+    from test_resume import resume_mid_epoch
+
+    overflow = ("precision=16-mixed", f"precision.scaler.init_scale={2.0**24}")
+    ref, resumed = resume_mid_epoch(
+        lambda *o: make_cfg(*overflow, "trainer.gradient_clip_val=0.5", *o), tmp_path
+    )
+    a, b = (json.loads((run / "metrics.json").read_text()) for run in (ref, resumed))
+    assert a[D.SKIPPED_STEPS] >= 1 and math.isfinite(a[D.GRAD_NORM])  # skipped before the kill
+    for key in (D.GRAD_NORM, D.GRAD_NORM_MAX, D.CLIP_FRACTION, D.SKIPPED_STEPS, D.SCALE):
+        assert a[key] == b[key], key

@@ -4,6 +4,7 @@ that save and say how to resume (and resume exactly), a stop on losses that stay
 import csv
 import errno
 import io
+import json
 import os
 import re
 import shlex
@@ -19,7 +20,7 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from cifar_amp import build
+from cifar_amp import build, metrics
 from cifar_amp.errors import reported
 from cifar_amp.extras.reliability import compat, reliability
 from cifar_amp.extras.reliability.reliability import (
@@ -382,6 +383,18 @@ def test_a_signal_mid_window_finishes_the_window_then_resumes_exactly(
     saved = resumed_like(accumulated, make_cfg, tmp_path, stopped_at(make_cfg, tmp_path, 5))
     batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"]
     assert (saved["global_step"], batches) == (2, 6)  # batch 6 ended the window 5 was in
+
+
+def test_a_signal_in_the_runs_last_window_resumes_to_the_uninterrupted_runs_metrics(
+    make_cfg, tmp_path, accumulated
+):
+    """Batch 22 is the run's last: the run stops after the last validation, and the resume
+    has nothing left to train or validate; its metrics.json still holds train/* and val/*, as
+    logged before the stop (they were missing: found by bench.kill_campaign)."""
+    saved = resumed_like(accumulated, make_cfg, tmp_path, stopped_at(make_cfg, tmp_path, 22))
+    assert (saved["epoch"], saved["global_step"]) == (2, 8)  # both epochs ended
+    result = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics.VAL_ACC in result and metrics.TRAIN_LOSS in result
 
 
 @pytest.mark.slow

@@ -99,11 +99,15 @@ class PrecisionDiagnostics(Callback):
         self._fit_steps = 0
         self._device = torch.device("cpu")
         self._params_key, self._param_list = None, []  # see _params
+        self._resumed: dict | None = None  # from a checkpoint, until the first batch trains
+        self._epoch = 0  # of the norms below
 
     # -- fit start: one line per fact ------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._skipped = torch.zeros((), device=pl_module.device)
-        self._reset_epoch(pl_module)  # a resume mid-epoch gets no on_train_epoch_start
+        if self._resumed is not None:  # counted since the fit this run resumes began
+            self._skipped += self._resumed["skipped"].to(pl_module.device)
+        self._reset_epoch(trainer, pl_module)  # a resume mid-epoch gets no on_train_epoch_start
         rank_zero_info(f"Precision plugin: {describe(trainer)}")
         cpu = trainer.strategy.root_device.type == "cpu"
         if cpu and trainer.precision.startswith("16") and trainer.is_global_zero:
@@ -159,14 +163,20 @@ class PrecisionDiagnostics(Callback):
 
     # -- per step: device tensors only -------------------------------------------------------
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._reset_epoch(pl_module)
+        self._reset_epoch(trainer, pl_module)
 
-    def _reset_epoch(self, pl_module: LightningModule) -> None:
+    def _reset_epoch(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Per step, the gradients' norm as a device tensor (and their largest value when
         # clipping by value), reduced once at epoch end: a step adds no device op but the norm.
         self._norms: list[Tensor] = []
         self._value_norms: list[Tensor] = []
         self._steps = self._images = 0  # host counters: known without asking the device
+        self._epoch = trainer.current_epoch
+        resumed = self._resumed
+        if resumed is not None and resumed["epoch"] == trainer.current_epoch:  # mid-epoch
+            self._norms = [t.to(pl_module.device) for t in resumed["norms"]]
+            self._value_norms = [t.to(pl_module.device) for t in resumed["value_norms"]]
+            self._steps = resumed["steps"]
         self._device = pl_module.device
         if self._device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self._device)
@@ -220,6 +230,7 @@ class PrecisionDiagnostics(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
     ) -> None:
+        self._resumed = None
         self._images += len(batch[0])
         self._fit_steps += 1
         if self._fit_steps == WARMUP_STEPS:  # the warm-up is timed apart (one sync)
@@ -230,6 +241,21 @@ class PrecisionDiagnostics(Callback):
             # GradScaler.update() lowers the scale exactly when the step was skipped for inf/nan.
             self._skipped += compat.scale(trainer.precision_plugin.scaler) < self._scale_before
             self._scale_before = None
+
+    # -- resume: the epoch in progress, so that a run resumed mid-epoch logs what an
+    # uninterrupted one does (without, its epoch's norms were those of the steps after the
+    # resume: bench.kill_campaign). Times, images/s and memory are measured, not resumed.
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self._epoch,
+            "norms": list(self._norms),
+            "value_norms": list(self._value_norms),
+            "steps": self._steps,
+            "skipped": self._skipped if self._skipped is not None else torch.zeros(()),
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._resumed = state_dict
 
     # -- validation (and the checkpoints after it) inside fit is not training time -------------
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
