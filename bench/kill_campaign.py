@@ -490,8 +490,15 @@ def table(rows: list[Row], command: str, seconds: float) -> str:
         f"({bad[0].kill.point}, {bad[0].kill.signal}): {bad[0].result}"
     )
     return "\n".join(
-        [f"`{command}`", "", HEADER, *map(format_row, rows), "",
-         f"{verdict}; total {seconds:.0f} s", ""]
+        [
+            f"`{command}`",
+            "",
+            HEADER,
+            *map(format_row, rows),
+            "",
+            f"{verdict}; total {seconds:.0f} s",
+            "",
+        ]
     )
 
 

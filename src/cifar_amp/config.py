@@ -212,7 +212,9 @@ def register(config_dir: Path, entries: dict[str, type] | None = None) -> None:
                 )
     OmegaConf.register_new_resolver("metric", metrics.resolve, replace=True)
     # ${monitored:${monitor.metric}} -> val/acc; ${best:${monitor.metric}} -> val/acc_best
-    OmegaConf.register_new_resolver("monitored", lambda name: metrics.key("val", name), replace=True)
+    OmegaConf.register_new_resolver(
+        "monitored", lambda name: metrics.key("val", name), replace=True
+    )
     OmegaConf.register_new_resolver("best", metrics.best, replace=True)
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID, replace=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -363,3 +364,40 @@ def test_two_ranks_share_each_epoch_without_overlap(make_folder_cfg, tmp_path):
         assert not set(ranks[0]) & set(ranks[1])
         orders.append(ranks[0])
     assert orders[0] != orders[1]
+
+
+class _DeathSignal(torch.utils.data.Dataset):
+    """Each item: the signal its worker gets when its parent dies (prctl PR_GET_PDEATHSIG)."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> int:
+        import ctypes
+
+        got = ctypes.c_int()
+        ctypes.CDLL(None).prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG
+        return got.value
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_loader_workers_die_with_the_run_and_keep_lightnings_seeding(monkeypatch):
+    """A SIGKILLed run leaves no DataLoader worker behind (bench.kill_campaign found them);
+    the workers are still seeded as Lightning seeds them."""
+    import signal
+
+    from cifar_amp.extras.image_folders.image_folder import WorkerStart
+
+    loader = torch.utils.data.DataLoader(
+        _DeathSignal(), num_workers=1, worker_init_fn=WorkerStart(0)
+    )
+    assert [int(v) for batch in loader for v in batch] == [signal.SIGKILL] * 2
+    seeded = []
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")
+    monkeypatch.setattr(
+        "cifar_amp.extras.image_folders.image_folder.pl_worker_init_function",
+        lambda worker_id, rank: seeded.append((worker_id, rank)),
+    )
+    monkeypatch.setattr(sys, "platform", "other")  # no prctl on this test's own process
+    WorkerStart(3)(0)  # in this process: what a worker runs first
+    assert seeded == [(0, 3)]

@@ -12,8 +12,11 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,6 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 from lightning import LightningDataModule
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import DatasetFolder
@@ -143,6 +147,26 @@ class Images(Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(state))
             return self.transform(image), label
+
+
+PR_SET_PDEATHSIG = 1  # Linux prctl(2): the signal a process gets when its parent dies
+
+
+class WorkerStart:
+    """A DataLoader worker's start: it dies with the run that started it, then is seeded as
+    Lightning seeds a worker where the run asks it to (seed_everything(workers=True)); Lightning
+    adds its own seeding only to a loader that has no worker_init_fn. Without this, a run
+    killed with SIGKILL left its workers running until PyTorch's watchdog saw their parent gone,
+    seconds later (bench.kill_campaign on an image folder)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __call__(self, worker_id: int) -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if int(os.environ.get("PL_SEED_WORKERS", 0)):
+            pl_worker_init_function(worker_id, rank=self.rank)
 
 
 class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData):
@@ -363,10 +387,12 @@ class ImageFolderDataModule(RestoresTrainLoader, LightningDataModule, ImageData)
     def _loader_args(self, persistent: bool) -> dict:
         workers = self._workers()
         on_cuda = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        rank = self.trainer.global_rank if self.trainer is not None else 0
         return {
             "num_workers": workers,
             "pin_memory": on_cuda,
             "persistent_workers": persistent and workers > 0,
+            "worker_init_fn": WorkerStart(rank) if workers > 0 else None,
         }
 
     def train_dataloader(self) -> ResumableLoader:
