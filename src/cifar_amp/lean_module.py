@@ -206,8 +206,8 @@ def untracked(module: LeanModule, stage: str) -> UserError:
 
 
 class EpochMetrics(Callback):
-    """LeanModule's epoch work: each stage's metrics logged, the best validation accuracy, the
-    confusion matrix, and the training metrics saved reset at an epoch's end."""
+    """LeanModule's epoch work: each stage's metrics logged, the monitor's best validation
+    value, the confusion matrix, and the training metrics saved reset at an epoch's end."""
 
     def __init__(self) -> None:
         self.batches = dict.fromkeys(STAGES, 0)  # of the running val or test epoch
