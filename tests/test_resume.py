@@ -98,13 +98,16 @@ def test_resume_mid_epoch_matches_uninterrupted_run(make_cfg, tmp_path):
     ImageClassifier.load_from_checkpoint(last)  # the network is rebuilt from the file alone
 
 
-def resume_mid_epoch(make_cfg, tmp_path) -> tuple:
-    """(uninterrupted run dir, run dir crashed at step 5 and resumed from its step-4 last.ckpt)."""
+def resume_mid_epoch(make_cfg, tmp_path, before_resume=None) -> tuple:
+    """(uninterrupted run dir, run dir crashed at step 5 and resumed from its step-4 last.ckpt);
+    `before_resume(crashed run dir)` runs between the crash and the resume."""
     train(make_cfg(*EXACT, f"run_dir={tmp_path / 'a'}"))
     crashed = tmp_path / "b"
     crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=5")
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(make_cfg(*EXACT, *crash, f"run_dir={crashed}"))
+    if before_resume is not None:
+        before_resume(crashed)
     last = crashed / "checkpoints" / "last.ckpt"
     train(make_cfg(*EXACT, f"run_dir={crashed}", f"ckpt_path={last}"))
     return tmp_path / "a", crashed
@@ -117,19 +120,18 @@ def test_a_best_checkpoint_the_resumed_ranking_lacks_is_overwritten_not_versione
     that the ranking it resumes with does not hold; the resume writes that name again, as the
     uninterrupted run does, rather than best-epoch000-v1.ckpt beside it (bench.kill_campaign
     found the -v1 tested)."""
-    train(make_cfg(*EXACT, f"run_dir={tmp_path / 'a'}"))
-    crashed = tmp_path / "b"
-    crash = (f"+callbacks.crash._target_={__name__}.CrashAt", "+callbacks.crash.step=5")
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(make_cfg(*EXACT, *crash, f"run_dir={crashed}"))
-    stale = crashed / "checkpoints" / "best-epoch000.ckpt"
-    stale.write_bytes(b"written by the part of the run that was killed")
-    last = crashed / "checkpoints" / "last.ckpt"
-    train(make_cfg(*EXACT, f"run_dir={crashed}", f"ckpt_path={last}"))
-    assert sorted(p.name for p in stale.parent.iterdir()) == ["best-epoch000.ckpt", "last.ckpt"]
-    assert comparable(tmp_path / "a") == comparable(crashed)
-    assert_same_weights(tmp_path / "a", crashed)
-    ImageClassifier.load_from_checkpoint(stale)  # the resumed run's, whole
+
+    def leave_a_stale_best(crashed) -> None:
+        stale = crashed / "checkpoints" / "best-epoch000.ckpt"
+        stale.write_bytes(b"written by the part of the run that was killed")
+
+    uninterrupted, crashed = resume_mid_epoch(make_cfg, tmp_path, leave_a_stale_best)
+    names = sorted(p.name for p in (crashed / "checkpoints").iterdir())
+    assert names == ["best-epoch000.ckpt", "last.ckpt"]
+    assert comparable(uninterrupted) == comparable(crashed)
+    assert_same_weights(uninterrupted, crashed)
+    # the best checkpoint is the resumed run's, whole
+    ImageClassifier.load_from_checkpoint(crashed / "checkpoints" / "best-epoch000.ckpt")
 
 
 def test_a_kill_after_a_validation_inside_a_window_resumes_exactly(make_cfg, tmp_path):
