@@ -8,8 +8,9 @@
 # Hydra's three wheels travel in WHEELS (default .whl/, git-ignored) and go into .bench-site/;
 # the data in DATA (default data/cifar10-subset, git-ignored). Settings, all optional:
 # OUT (logs/gpu_session), TEST_TIMEOUT (s per test file, 150), BUDGET (bench-gpu's, 540),
-# AIRBENCH (a copy of airbench94.py, run beside experiment=speedrun_gpu), TRACE_MODES (the trace's
-# precisions, 32-true,bf16-mixed,16-mixed), TRACE_TIMEOUT (s, 240).
+# AIRBENCH (a copy of airbench94.py, run beside experiment=speedrun_gpu), SECTIONS (bench.gpu's
+# --sections, default all but tests), TRACE_MODES (the trace's precisions,
+# 32-true,bf16-mixed,16-mixed), TRACE_TIMEOUT (s, 240).
 set -u
 OUT=${OUT:-logs/gpu_session} WHEELS=${WHEELS:-.whl} DATA=${DATA:-data/cifar10-subset}
 PY=${PYTHON:-python3}
@@ -48,7 +49,7 @@ if [ "${1:-all}" = bench ] || [ "${1:-all}" = all ]; then
   # bench.gpu writes bench_gpu.{json,md} after each section; `timeout` is only a backstop.
   BUDGET=${BUDGET:-540}
   timeout -k 10 $((BUDGET + 60)) $PY -m bench.gpu --data-dir "$DATA" --budget "$BUDGET" \
-    --tests none --out "$OUT/bench" --doc "$OUT/benchmarks-gpu.md" \
+    --tests none --out "$OUT/bench" --doc "$OUT/benchmarks-gpu.md" ${SECTIONS:+--sections "$SECTIONS"} \
     ${AIRBENCH:+--airbench "$AIRBENCH"} 2>&1 | tee "$OUT/bench_gpu.log"
 fi
 
