@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import lightning as L
@@ -90,17 +90,23 @@ class Windows:
         timed, attributed = self.profiles
         n, seconds = self.steps, self.seconds[0]
         events = timed.events()
-        waited = sum(e.time_range.elapsed_us() for e in events if e.name in WAITS) / 1e6
+        waits = [e for e in events if e.name in WAITS]
+        waited = sum(e.time_range.elapsed_us() for e in waits) / 1e6
+        gpu = [e for e in events if e.device_type == DeviceType.CUDA]
         busy = None
-        if self.device.type == "cuda":
-            busy = _union([e.time_range for e in events if e.device_type == DeviceType.CUDA])
+        if gpu and any(e.time_range.elapsed_us() > 0 for e in gpu):
+            busy = _union([e.time_range for e in gpu])
+        # Where the profiler got no times from the GPU (CUPTI gave a lent H200 none: every
+        # kernel and runtime call at 0 us), the waits and the GPU's busy time are unknown.
+        untimed = bool(gpu) and busy is None
         owners, functions = attribute(attributed.events())
         per_step = 1 / (1e3 * n)  # microseconds in the window -> milliseconds a step
         return {
             "steps": n,
             "step_ms": round(1e3 * seconds / n, 3),
-            "host_ms_per_step": round(1e3 * (seconds - waited) / n, 3),
-            "host_wait_ms_per_step": round(1e3 * waited / n, 3),
+            "host_ms_per_step": None if untimed else round(1e3 * (seconds - waited) / n, 3),
+            "host_wait_ms_per_step": None if untimed else round(1e3 * waited / n, 3),
+            "gpu_untimed_events": sum(1 for e in gpu if e.time_range.elapsed_us() <= 0),
             "gpu_busy_ms_per_step": None if busy is None else round(busy / 1e3 / n, 3),
             "gpu_busy_fraction": None if busy is None else round(busy / 1e6 / seconds, 3),
             "attributed_step_ms": round(1e3 * self.seconds[1] / n, 3),
@@ -119,6 +125,41 @@ class Windows:
             with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
                 shutil.copyfileobj(src, dst)
         return path.name
+
+
+def counts(path: Path, steps: int, top: int = 3) -> dict:
+    """Per step, from a Chrome trace of `steps` steps (counts do not drift as times do): torch
+    ops, CUDA runtime calls, kernels, copies; the milliseconds the main thread spent inside
+    torch's top-level ops (the rest of its step is Python between them: the loop, hooks,
+    callbacks); and its `top` longest single ops (a one-time cost, such as a kernel's first
+    load, shows there)."""
+    with gzip.open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+    def per_step(cat: str, name: str = "") -> float:
+        hits = [e for e in events if e.get("cat") == cat and e["name"].startswith(name)]
+        return round(len(hits) / steps, 1)
+
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    stepping = [e for e in events if e["name"].startswith("Optimizer.step")]
+    busiest = Counter(e["tid"] for e in ops).most_common(1)
+    main = stepping[0]["tid"] if stepping else busiest[0][0] if busiest else None
+    outer, end = [], float("-inf")
+    for e in sorted((e for e in ops if e["tid"] == main), key=lambda e: (e["ts"], -e["dur"])):
+        if e["ts"] >= end:  # not inside the op before it
+            outer.append(e)
+            end = e["ts"] + e["dur"]
+    longest = sorted(outer, key=lambda e: -e["dur"])[:top]
+    return {
+        "ops_per_step": per_step("cpu_op"),
+        "runtime_calls_per_step": per_step("cuda_runtime"),
+        "kernels_per_step": per_step("kernel"),
+        "copies_per_step": per_step("gpu_memcpy"),
+        "main_thread_ops_ms_per_step": round(sum(e["dur"] for e in outer) / 1e3 / steps, 3),
+        "longest_ops_ms": {
+            f"{e['name']} #{i}": round(e["dur"] / 1e3, 2) for i, e in enumerate(longest)
+        },
+    }
 
 
 def _union(ranges) -> float:
@@ -204,7 +245,7 @@ def lightning_loop(cfg, args, traces: Path | None, name: str) -> dict:
         training.record_config(run)
         training.fit(run)
     callbacks = [type(c).__name__ for c in run.trainer.callbacks][:-1]
-    return windows.report(args.top) | {"trace": windows.save_trace(name), "callbacks": callbacks}
+    return windows.report(args.top) | traced(windows, name) | {"callbacks": callbacks}
 
 
 def plain_loop(cfg, args, traces: Path | None, name: str) -> dict:
@@ -233,21 +274,72 @@ def plain_loop(cfg, args, traces: Path | None, name: str) -> dict:
         windows.at(i)
         if i < windows.last:
             step(*batch)
-    return windows.report(args.top) | {"trace": windows.save_trace(name)}
+    return windows.report(args.top) | traced(windows, name)
+
+
+def traced(windows: Windows, name: str) -> dict:
+    """The timed window's Chrome trace, saved, and its counts."""
+    saved = windows.save_trace(name)
+    return {"trace": saved} | (counts(windows.traces / saved, windows.steps) if saved else {})
+
+
+COUNTED = (
+    "ops_per_step",
+    "runtime_calls_per_step",
+    "kernels_per_step",
+    "copies_per_step",
+    "main_thread_ops_ms_per_step",
+)
+
+
+def summary_rows(cases: list[dict]) -> list[list]:
+    """One row a case: the step, what it launched, and the main thread's time in and between
+    torch's ops."""
+    rows = []
+    for c in cases:
+        if "failed" in c:
+            rows.append([c["loop"], c["precision"], "failed", *[""] * 7])
+            continue
+        inside = c.get("main_thread_ops_ms_per_step")
+        between = None if inside is None else round(c["step_ms"] - inside, 2)
+        busy = c["gpu_busy_fraction"]
+        rows.append(
+            [c["loop"], c["precision"], c["step_ms"], *[c.get(k, "-") for k in COUNTED], between]
+            + ["n/a" if busy is None else busy]
+        )
+    return rows
 
 
 def markdown(data: dict) -> str:
     lines = [f"# Where a step's time goes ({data['device']}, {data['net']})\n"]
+    head = ["loop", "mode", "step ms", "torch ops", "CUDA runtime calls", "kernels", "copies"]
+    head += ["ms in torch ops (main thread)", "ms between them", "GPU busy fraction"]
+    lines.append("Per step, the timed window (counts from its Chrome trace):\n")
+    lines.append(report.markdown(head, summary_rows(data["cases"])))
     for case in data["cases"]:
         lines.append(f"## {case['loop']}, {case['precision']}\n")
         if "failed" in case:
             lines.append(f"failed: {case['failed']}\n")
             continue
+        if case.get("gpu_untimed_events"):
+            lines.append(
+                f"The profiler recorded {case['gpu_untimed_events']} GPU events without a time "
+                "(no CUPTI timestamps on this machine): the host's waits and the GPU's busy time "
+                "are unknown, n/a below.\n"
+            )
         keys = ("step_ms", "host_ms_per_step", "host_wait_ms_per_step", "gpu_busy_ms_per_step")
         rows = [(k, case[k]) for k in (*keys, "gpu_busy_fraction", "attributed_step_ms")]
         lines.append(
             report.markdown(["", "value"], [(k, "n/a" if v is None else v) for k, v in rows])
         )
+        lines.append(
+            report.markdown(
+                ["longest single ops", "ms"], list(case.get("longest_ops_ms", {}).items())
+            )
+        )
+        if list(case["owners_ms_per_step"]) == [NO_PYTHON]:
+            lines.append("The attribution window recorded no Python frames: no owners.\n")
+            continue
         for what in ("owners_ms_per_step", "functions_ms_per_step"):
             lines.append(report.markdown([what, "ms"], list(case[what].items())))
     return "\n".join(lines)
@@ -271,8 +363,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=20, help="steps in each window")
     ap.add_argument("--top", type=int, default=12, help="owners and functions listed")
     ap.add_argument("--out", type=Path, help="default: logs/trace/<time>")
+    ap.add_argument(
+        "--counts",
+        type=Path,
+        help="only read a folder this command wrote (trace.json and its Chrome traces) again: "
+        "its counts recomputed, trace.md rewritten and printed",
+    )
     ap.add_argument("overrides", nargs="*", help="more train.py overrides (model=resnet18, ...)")
     args = ap.parse_args(argv)
+    if args.counts:
+        return recount(args.counts)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA here")
     if args.device == "cpu":  # a CPU step of the GPU-sized default would take seconds
@@ -308,6 +408,18 @@ def main(argv: list[str] | None = None) -> dict:
                     torch.cuda.empty_cache()
     print(markdown(data))
     print(f"wrote {out}/trace.{{json,md}} and the Chrome traces")
+    return data
+
+
+def recount(folder: Path) -> dict:
+    """trace.json of `folder` with each case's counts read again from its Chrome trace."""
+    data = json.loads((folder / "trace.json").read_text())
+    for case in data["cases"]:
+        if case.get("trace"):
+            case |= counts(folder / case["trace"], case["steps"])
+    (folder / "trace.json").write_text(json.dumps(data, indent=2) + "\n")
+    (folder / "trace.md").write_text(markdown(data))
+    print(markdown(data))
     return data
 
 
