@@ -82,3 +82,17 @@ def test_a_resume_with_another_metric_names_the_metrics(make_cfg, tmp_path):
     )
     with pytest.raises(UserError, match=r"module\.metrics=\['acc'\]; this run asks for "):
         build_run(cfg)
+
+
+def test_a_queued_step_keeps_its_own_copy_of_the_logits():
+    # Under CUDA graphs (module.compile_mode=reduce-overhead) the network's output is rewritten
+    # in place by its next replay; on one H200 the queue then read another step's logits.
+    from cifar_amp.lean_module import LeanModule
+    from cifar_amp.module import ACCURACY
+
+    module = LeanModule(ACCURACY, num_classes=3)
+    logits, targets = torch.tensor([[0.0, 5.0, 0.0]]), torch.tensor([1])
+    module.track("train", torch.tensor(0.5), logits, targets)
+    logits.copy_(torch.tensor([[5.0, 0.0, 0.0]]))  # what a replay does to its output
+    module.update_metrics("train")
+    assert module.train_acc.compute() == 1.0

@@ -103,7 +103,9 @@ class LeanModule(LightningModule):
         """A step's mean `loss`, `logits` (N, C) and `targets`: class indices (N,), or class
         weights (N, C) such as mixup's, where each row's heaviest class is the one counted."""
         self.tracked[stage] = True
-        self._queued[stage].append((loss.detach(), logits.detach(), targets))
+        # A copy: under CUDA graphs (module.compile_mode=reduce-overhead) the network's output
+        # is overwritten by its next replay, before the queue reaches the metrics.
+        self._queued[stage].append((loss.detach(), logits.detach().clone(), targets))
         self._queued_size[stage] += logits.numel()
         if self._queued_size[stage] > QUEUE_LIMIT:
             self.update_metrics(stage)
