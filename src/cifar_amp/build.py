@@ -110,7 +110,8 @@ def strategy(node):
 
 
 def check_fused_clipping(cfg: DictConfig, prec: seams.PrecisionMode, strategy) -> None:
-    """Lightning's sharded plugins do not clip a fused optimizer's gradients (ours do)."""
+    """Lightning's sharded plugins do not clip a fused optimizer's gradients (ours do), and
+    FSDP's flat parameters cannot be stepped by one."""
     clip = cfg.trainer.get("gradient_clip_val")
     if clip and OmegaConf.select(cfg, "module.optimizer.fused") and prec.autocasts:
         if isinstance(strategy, seams.StrategyWithFloat16Plugin):
@@ -120,6 +121,14 @@ def check_fused_clipping(cfg: DictConfig, prec: seams.PrecisionMode, strategy) -
                 "fused optimizer's gradients there; add trainer.gradient_clip_val=null (the "
                 "default trainer clips) or module.optimizer.fused=false"
             )
+    if OmegaConf.select(cfg, "module.optimizer.fused") and isinstance(
+        strategy, seams.StrategyWithoutFusedOptimizers
+    ):
+        raise UserError(
+            f"module.optimizer.fused=true with {type(strategy).__name__}: torch's fused optimizer "
+            "refuses its flattened parameters at the first step (check_fast_path_restrictions); "
+            "add module.optimizer.fused=false"
+        )
 
 
 def precision_args(t: DictConfig, prec: seams.PrecisionMode, overrides: dict) -> dict:

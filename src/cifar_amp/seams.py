@@ -105,6 +105,12 @@ class StrategyWithFloat16Plugin(ABC):
     def float16_plugin(self, scaler: dict, device: str): ...
 
 
+class StrategyWithoutFusedOptimizers:
+    """A strategy whose parameters torch's fused optimizers cannot step, so a run with
+    `module.optimizer.fused=true` is refused before anything is built on a device.
+    Implemented by: extras/sharding (FSDPStrategy)."""
+
+
 class JobRunner(ABC):
     """A Hydra callback at `hydra.callbacks.job_runner`, whose `run_job` cli.job runs each job by.
     Implemented by: extras/multirun (SweepJobs)."""

@@ -116,6 +116,7 @@ def test_fsdp_trains_with_the_plugin_of_the_precision_choice(make_cfg, mode, cap
         "trainer.devices=1",
         "callbacks=none",
         "test=false",
+        "module.optimizer.fused=false",
         f"precision={mode}",
         *scaler,
         "trainer.max_steps=3",
@@ -168,3 +169,11 @@ def test_a_fused_optimizer_clipped_under_a_sharded_16_mixed_is_refused(make_cfg)
     )
     with pytest.raises(UserError, match="under precision=16-mixed with FSDPStrategy: Lightning"):
         build.trainer(cfg)
+
+
+def test_fsdp_with_a_fused_optimizer_is_refused_before_a_device_is_touched(make_cfg):
+    # On one H200 (torch 2.11) fused SGD failed FSDP's first step in both 16-bit modes.
+    with pytest.raises(UserError, match="fused=true with FSDPStrategy: torch's fused optimizer"):
+        build.trainer(make_cfg("trainer=fsdp", "precision=bf16-mixed"))
+    cfg = make_cfg("trainer=fsdp", "precision=bf16-mixed", "module.optimizer.fused=false")
+    build.check_fused_clipping(cfg, build.precision(cfg), build.strategy(cfg.trainer.strategy))

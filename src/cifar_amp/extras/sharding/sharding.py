@@ -19,7 +19,7 @@ from torch.amp import GradScaler
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from cifar_amp.errors import UserError
-from cifar_amp.seams import StrategyWithFloat16Plugin
+from cifar_amp.seams import StrategyWithFloat16Plugin, StrategyWithoutFusedOptimizers
 
 
 def scaler_settings(scaler: dict) -> dict:
@@ -28,10 +28,13 @@ def scaler_settings(scaler: dict) -> dict:
     return {k: p.default for k, p in taken if k != "device"} | scaler
 
 
-class FSDPStrategy(strategies.FSDPStrategy, StrategyWithFloat16Plugin):
+class FSDPStrategy(
+    strategies.FSDPStrategy, StrategyWithFloat16Plugin, StrategyWithoutFusedOptimizers
+):
     """Lightning's FSDP; under `precision=16-mixed`, FSDPPrecision with a ShardedGradScaler of the
     `precision.scaler` settings (FSDP then also gathers parameters and reduces gradients in
-    float16)."""
+    float16). Torch's fused SGD fails on its flat parameters at the first step (one H200,
+    torch 2.11: check_fast_path_restrictions), so trainer=fsdp asks module.optimizer.fused=false."""
 
     def float16_plugin(self, scaler: dict, device: str) -> FSDPPrecision:
         plugin = FSDPPrecision("16-mixed")
