@@ -152,3 +152,23 @@ def test_tf32_follows_its_setting_and_is_stated(make_cfg, tf32, caplog):
         assert f"Precision: 32-true, layout {layout}, TF32 {'on' if tf32 else 'off'}" in caplog.text
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_speednet_trains_deterministically_on_cuda():
+    # nn.AdaptiveMaxPool2d's CUDA backward has no deterministic kernel: trainer.deterministic=true
+    # stopped SpeedNet's first step on one H200 (torch 2.11). Its pool shares a tie's gradient.
+    from cifar_amp.models.speednet import SpeedNet
+
+    net = SpeedNet(widths=(8, 16, 16)).cuda()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(2):
+            net.zero_grad()
+            net(x).square().sum().backward()
+            grads.append(net.stem.weight.grad.clone())
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert torch.equal(grads[0], grads[1])
