@@ -143,6 +143,15 @@ class Autocast(MixedPrecision):
     # here lets a resume restore it whichever of the two plugins wrote it.
     __qualname__ = MixedPrecision.__qualname__
 
+    # Where the norm of each clipping by norm goes, once a list is put here (the diagnostics
+    # extra): the step then computes the gradients' norm once, not a second time to report it.
+    clip_norms: list[torch.Tensor] | None = None
+
+    def clip_grad_by_norm(self, optimizer, clip_val) -> None:
+        norm = torch.nn.utils.clip_grad_norm_(self.main_params(optimizer), clip_val)
+        if self.clip_norms is not None:
+            self.clip_norms.append(norm)
+
     def clip_gradients(
         self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM
     ):

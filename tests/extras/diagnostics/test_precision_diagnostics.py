@@ -19,9 +19,9 @@ pytestmark = pytest.mark.native
 DIAG = "+callbacks.precision_diagnostics._target_=cifar_amp.extras.diagnostics.diagnostics.PrecisionDiagnostics"
 
 
-def _run(make_cfg, tmp_path, *overrides):
+def _run(make_cfg, run_dir, *overrides):
     train(make_cfg("callbacks=none", DIAG, "test=false", "module.scheduler=null", *overrides))
-    return json.loads((tmp_path / "metrics.json").read_text())
+    return json.loads((run_dir / "metrics.json").read_text())
 
 
 def test_fp16_overflow_shows_as_skipped_steps_and_lower_scale(make_cfg, tmp_path):
@@ -181,6 +181,36 @@ def test_the_fit_start_line_says_whether_float32_runs_on_tf32(monkeypatch, capab
         assert D.describe(trainer) == "32-true: Precision, no autocast, no GradScaler" + said
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.parametrize("mode", ["bf16-mixed", "16-mixed"])
+def test_a_step_clipped_by_norm_computes_the_norm_once_and_reports_it(
+    make_cfg, tmp_path, monkeypatch, mode
+):
+    # The template's step made twice the plain loop's norm ops (bench.trace on one H200): the
+    # report now takes the clipping's norm. A clip of 1e6 scales by exactly 1: the same run.
+    calls = []
+    foreach_norm = torch._foreach_norm
+    monkeypatch.setattr(
+        torch, "_foreach_norm", lambda *a, **k: calls.append(1) or foreach_norm(*a, **k)
+    )
+    common = (mode, "precision.scaler.init_scale=256", "trainer.limit_train_batches=4")
+    out = {}
+    for clip in ("null", "1e6"):
+        calls.clear()
+        run = tmp_path / clip
+        out[clip] = _run(
+            make_cfg,
+            run,
+            f"precision={mode}",
+            *common[1:],
+            f"trainer.gradient_clip_val={clip}",
+            f"run_dir={run}",
+        )
+        assert len(calls) == 4  # one norm a step, whoever computes it
+    assert out["1e6"][D.GRAD_NORM] == pytest.approx(out["null"][D.GRAD_NORM], rel=1e-6)
+    assert out["1e6"][D.GRAD_NORM_MAX] == pytest.approx(out["null"][D.GRAD_NORM_MAX], rel=1e-6)
+    assert out["1e6"][D.CLIP_FRACTION] == 0.0
 
 
 def test_fused_optimizer_under_16_mixed_reports_the_unscaled_norm(make_cfg, tmp_path):

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from cifar_amp import compat as core_compat
 from cifar_amp.extras.diagnostics import compat
+from cifar_amp.precision import Autocast
 
 SCALE = "precision/scale"  # GradScaler scale at epoch end (16-mixed only)
 SKIPPED_STEPS = "precision/skipped_steps"  # steps skipped for inf/nan grads, since fit start
@@ -101,6 +102,7 @@ class PrecisionDiagnostics(Callback):
         self._params_key, self._param_list = None, []  # see _params
         self._resumed: dict | None = None  # from a checkpoint, until the first batch trains
         self._epoch = 0  # of the norms below
+        self._clipping: Autocast | None = None  # the plugin whose clipping gives the norms
 
     # -- fit start: one line per fact ------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -132,6 +134,12 @@ class PrecisionDiagnostics(Callback):
             else "Gradient clipping: off"
         )
         self._probe_pending = self.probe_images > 0
+        # Clipped by norm through the core's plugin: the norm it computes is the one reported.
+        plugin = trainer.precision_plugin
+        by_norm = clip and trainer.gradient_clip_algorithm != "value"
+        self._clipping = plugin if by_norm and isinstance(plugin, Autocast) else None
+        if self._clipping is not None:
+            self._clipping.clip_norms = []
 
     def _probe(self, trainer: Trainer, pl_module: LightningModule, x: Tensor) -> str:
         """Which module types produce which dtypes under the plugin's autocast."""
@@ -206,13 +214,14 @@ class PrecisionDiagnostics(Callback):
         if not grads:
             return
         self._steps += 1
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
         scaler = _scaler(trainer)
-        if scaler is not None and core_compat.optimizer_handles_unscaling(optimizer):
-            # These gradients are still scaled (16-mixed unscales them for clipping after this
-            # hook: precision.py's Autocast).
-            norm = norm / compat.scale(scaler)
-        self._norms.append(norm)
+        if self._clipping is None:  # else the clipping's norm, taken by _take_clip_norms
+            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            if scaler is not None and core_compat.optimizer_handles_unscaling(optimizer):
+                # These gradients are still scaled (16-mixed unscales them for clipping after
+                # this hook: precision.py's Autocast).
+                norm = norm / compat.scale(scaler)
+            self._norms.append(norm)
         if trainer.gradient_clip_val and trainer.gradient_clip_algorithm == "value":
             self._value_norms.append(torch.nn.utils.get_total_norm(grads, float("inf")))
         if scaler is not None and compat.scale(scaler) is not None:
@@ -227,9 +236,16 @@ class PrecisionDiagnostics(Callback):
             self._param_list = [p for g in optimizer.param_groups for p in g["params"]]
         return self._param_list
 
+    def _take_clip_norms(self) -> None:
+        """The norms the plugin's clipping computed since the last call, in step order."""
+        if self._clipping is not None and self._clipping.clip_norms:
+            self._norms.extend(self._clipping.clip_norms)
+            self._clipping.clip_norms.clear()
+
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
     ) -> None:
+        self._take_clip_norms()
         self._resumed = None
         self._images += len(batch[0])
         self._fit_steps += 1
@@ -246,6 +262,7 @@ class PrecisionDiagnostics(Callback):
     # uninterrupted one does (without, its epoch's norms were those of the steps after the
     # resume: bench.kill_campaign). Times, images/s and memory are measured, not resumed.
     def state_dict(self) -> dict:
+        self._take_clip_norms()  # a checkpoint may be written before this batch's end hook
         return {
             "epoch": self._epoch,
             "norms": list(self._norms),
@@ -269,7 +286,8 @@ class PrecisionDiagnostics(Callback):
         def log(name: str, value) -> None:
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)
 
-        if self._steps:
+        self._take_clip_norms()
+        if self._steps and self._norms:  # none where a module's own clipping skipped the plugin
             norms = torch.stack(self._norms).float()
             finite = torch.isfinite(norms)
             safe, count = torch.where(finite, norms, 0.0), finite.sum()
