@@ -73,7 +73,3 @@ def apply_key_overrides(cfg, overrides: list) -> None:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
-
-
-# torch._foreach_norm: the kernel behind every gradient norm (torch.nn.utils.get_total_norm, clip_grad_norm_), counted to show a step computes the norm once. Fails: tests/extras/diagnostics/test_precision_diagnostics.py::test_a_step_clipped_by_norm_computes_the_norm_once_and_reports_it
-FOREACH_NORM = "_foreach_norm"

@@ -7,7 +7,6 @@ import lightning as L
 import pytest
 import torch
 
-import compat as tests_compat
 from cifar_amp import metrics
 from cifar_amp.extras.diagnostics import compat
 from cifar_amp.extras.diagnostics import diagnostics as D
@@ -191,13 +190,13 @@ def test_a_step_clipped_by_norm_computes_the_norm_once_and_reports_it(
     # The template's step made twice the plain loop's norm ops (bench.trace on one H200): the
     # report now takes the clipping's norm. A clip of 1e6 scales by exactly 1: the same run.
     calls = []
-    foreach_norm = getattr(torch, tests_compat.FOREACH_NORM)
+    foreach_norm = getattr(torch, compat.FOREACH_NORM)
 
     def counted(*args, **kwargs):
         calls.append(1)
         return foreach_norm(*args, **kwargs)
 
-    monkeypatch.setattr(torch, tests_compat.FOREACH_NORM, counted)
+    monkeypatch.setattr(torch, compat.FOREACH_NORM, counted)
     common = (mode, "precision.scaler.init_scale=256", "trainer.limit_train_batches=4")
     out = {}
     for clip in ("null", "1e6"):
