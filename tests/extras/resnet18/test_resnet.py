@@ -70,6 +70,32 @@ def test_activation_checkpointing_lowers_peak_cuda_memory():
     assert stages < 0.85 * plain < late <= 1.05 * plain, (plain, stages, late)
 
 
+@pytest.mark.gpu
+@requires_cuda
+def test_resnet18_trains_deterministically_on_cuda():
+    # AdaptiveAvgPool2d's CUDA backward has no deterministic kernel: trainer.deterministic=true
+    # would stop at the first step (as SpeedNet's max pool did on one H200).
+    net = ResNet18().cuda()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(2):
+            net.zero_grad()
+            net(x).square().sum().backward()
+            grads.append(net.conv1.weight.grad.clone())
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_the_global_pool_is_the_adaptive_average_off_a_deterministic_gpu():
+    x = torch.randn(2, 8, 4, 4, requires_grad=True)
+    pooled = ResNet18().avgpool(x)
+    assert torch.equal(pooled, torch.nn.functional.adaptive_avg_pool2d(x, 1))
+
+
 def test_the_mixup_recipe_trains_shrunk(make_cfg, tmp_path):
     """experiment=resnet18_mixup (this extra's), one short epoch: mixed batches, soft targets."""
     from cifar_amp.training import train
