@@ -409,3 +409,24 @@ def command(monkeypatch, capsys, entry: str, *args: str, cwd=REPO) -> tuple[int,
                 h.close()
         root.setLevel(level)
     return code, capsys.readouterr().err
+
+
+def deterministic_grads_twice(net) -> list:
+    """The first parameter's gradient after each of two identical backward passes of `net` on
+    CUDA under torch's deterministic algorithms, where an op without a deterministic kernel
+    raises (SpeedNet's max pool did, on one H200)."""
+    import torch
+
+    net = net.cuda()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(2):
+            net.zero_grad()
+            net(x).square().sum().backward()
+            grads.append(next(net.parameters()).grad.clone())
+    finally:
+        torch.use_deterministic_algorithms(was)
+    return grads

@@ -15,7 +15,7 @@ import torch
 from lightning import Callback
 
 from cifar_amp import build
-from conftest import requires_cuda
+from conftest import deterministic_grads_twice, requires_cuda
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
@@ -159,16 +159,5 @@ def test_speednet_trains_deterministically_on_cuda():
     # stopped SpeedNet's first step on one H200 (torch 2.11). Its pool shares a tie's gradient.
     from cifar_amp.models.speednet import SpeedNet
 
-    net = SpeedNet(widths=(8, 16, 16)).cuda()
-    x = torch.randn(4, 3, 32, 32, device="cuda")
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        grads = []
-        for _ in range(2):
-            net.zero_grad()
-            net(x).square().sum().backward()
-            grads.append(net.stem.weight.grad.clone())
-    finally:
-        torch.use_deterministic_algorithms(was)
-    assert torch.equal(grads[0], grads[1])
+    first, second = deterministic_grads_twice(SpeedNet(widths=(8, 16, 16)))
+    assert torch.equal(first, second)

@@ -2,6 +2,7 @@ import torch
 from torch import Tensor, nn
 
 from cifar_amp.models.checkpointing import Chain, recomputed, run_blocks
+from cifar_amp.models.pooling import GlobalPool
 
 
 class SpeedNet(nn.Module):
@@ -34,26 +35,10 @@ class SpeedNet(nn.Module):
             )
             for c_in, c_out in zip(chans, chans[1:], strict=False)
         )
-        self.pool = GlobalMaxPool()
+        self.pool = GlobalPool(nn.AdaptiveMaxPool2d(1), torch.amax)
         self.head = nn.Linear(chans[-1], num_classes, bias=False)
         self.logit_scale = logit_scale
 
     def forward(self, x: Tensor) -> Tensor:
         x = run_blocks([Chain(self.stem, nn.functional.gelu), *self.blocks], x, self.recompute)
         return self.head(self.pool(x).flatten(1)) * self.logit_scale
-
-
-class GlobalMaxPool(nn.AdaptiveMaxPool2d):
-    """nn.AdaptiveMaxPool2d(1), except in a deterministic run on a GPU, whose backward has no
-    deterministic CUDA kernel (trainer.deterministic=true stopped at the first step on one
-    H200, torch 2.11). There `amax` stands in: the same values; where several positions tie
-    for the largest, its gradient is shared between them instead of going to one, so the
-    default recipe's results elsewhere (CPU, non-deterministic GPU runs) stay as they were."""
-
-    def __init__(self) -> None:
-        super().__init__(1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.is_cuda and torch.are_deterministic_algorithms_enabled():
-            return x.amax(dim=(2, 3), keepdim=True)
-        return super().forward(x)

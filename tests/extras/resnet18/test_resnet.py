@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cifar_amp.extras.resnet18.resnet import ResNet18
-from conftest import requires_cuda
+from conftest import deterministic_grads_twice, requires_cuda
 from test_checkpointing import _saved_bytes, _step
 
 
@@ -75,19 +75,8 @@ def test_activation_checkpointing_lowers_peak_cuda_memory():
 def test_resnet18_trains_deterministically_on_cuda():
     # AdaptiveAvgPool2d's CUDA backward has no deterministic kernel: trainer.deterministic=true
     # would stop at the first step (as SpeedNet's max pool did on one H200).
-    net = ResNet18().cuda()
-    x = torch.randn(4, 3, 32, 32, device="cuda")
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        grads = []
-        for _ in range(2):
-            net.zero_grad()
-            net(x).square().sum().backward()
-            grads.append(net.conv1.weight.grad.clone())
-    finally:
-        torch.use_deterministic_algorithms(was)
-    assert torch.equal(grads[0], grads[1])
+    first, second = deterministic_grads_twice(ResNet18())
+    assert torch.equal(first, second)
 
 
 def test_the_global_pool_is_the_adaptive_average_off_a_deterministic_gpu():

@@ -3,6 +3,7 @@ from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from cifar_amp.models.checkpointing import Chain, recomputed, run_blocks
+from cifar_amp.models.pooling import GlobalPool
 
 
 class ResNet18(ResNet):
@@ -19,24 +20,10 @@ class ResNet18(ResNet):
         super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
         self.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         self.maxpool = nn.Identity()
-        self.avgpool = GlobalAvgPool()
+        self.avgpool = GlobalPool(nn.AdaptiveAvgPool2d(1), torch.mean)
         self.recompute = recomputed((3, 2, 2, 2), activation_checkpointing, checkpoint_stages)
 
     def forward(self, x: Tensor) -> Tensor:
         stem = Chain(self.conv1, self.bn1, self.relu)
         blocks = [stem, *self.layer1, *self.layer2, *self.layer3, *self.layer4]
         return self.fc(torch.flatten(self.avgpool(run_blocks(blocks, x, self.recompute)), 1))
-
-
-class GlobalAvgPool(nn.AdaptiveAvgPool2d):
-    """nn.AdaptiveAvgPool2d(1), except in a deterministic run on a GPU, whose backward has no
-    deterministic CUDA kernel (torch refuses it under trainer.deterministic=true, as it refused
-    SpeedNet's max pool on one H200). There `mean` stands in, the same average."""
-
-    def __init__(self) -> None:
-        super().__init__(1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.is_cuda and torch.are_deterministic_algorithms_enabled():
-            return x.mean(dim=(2, 3), keepdim=True)
-        return super().forward(x)
