@@ -136,9 +136,8 @@ def counts(path: Path, steps: int, top: int = 3) -> dict:
     with gzip.open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
 
-    def per_step(cat: str, name: str = "") -> float:
-        hits = [e for e in events if e.get("cat") == cat and e["name"].startswith(name)]
-        return round(len(hits) / steps, 1)
+    def per_step(cat: str) -> float:
+        return round(sum(1 for e in events if e.get("cat") == cat) / steps, 1)
 
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     stepping = [e for e in events if e["name"].startswith("Optimizer.step")]

@@ -86,7 +86,7 @@ def trainer(
     t, prec = cfg.trainer, prec or precision(cfg)
     if "strategy" not in overrides and (built := strategy(t.strategy)) is not None:
         overrides["strategy"] = built
-    check_fused_clipping(cfg, prec, overrides.get("strategy", t.strategy))
+    check_fused_optimizer(cfg, prec, overrides.get("strategy", t.strategy))
     if OmegaConf.select(cfg, "module.compile"):  # test reuses validation's graph (no_grad),
         overrides.setdefault("inference_mode", False)  # not one more for inference tensors
     if t.get("benchmark") is None:  # cudnn autotuning is on unless the run must be deterministic
@@ -109,7 +109,7 @@ def strategy(node):
     return build(node, "trainer.strategy") if isinstance(node, Mapping) else None
 
 
-def check_fused_clipping(cfg: DictConfig, prec: seams.PrecisionMode, strategy) -> None:
+def check_fused_optimizer(cfg: DictConfig, prec: seams.PrecisionMode, strategy) -> None:
     """Lightning's sharded plugins do not clip a fused optimizer's gradients (ours do), and
     FSDP's flat parameters cannot be stepped by one."""
     clip = cfg.trainer.get("gradient_clip_val")

@@ -176,4 +176,4 @@ def test_fsdp_with_a_fused_optimizer_is_refused_before_a_device_is_touched(make_
     with pytest.raises(UserError, match="fused=true with FSDPStrategy: torch's fused optimizer"):
         build.trainer(make_cfg("trainer=fsdp", "precision=bf16-mixed"))
     cfg = make_cfg("trainer=fsdp", "precision=bf16-mixed", "module.optimizer.fused=false")
-    build.check_fused_clipping(cfg, build.precision(cfg), build.strategy(cfg.trainer.strategy))
+    build.check_fused_optimizer(cfg, build.precision(cfg), build.strategy(cfg.trainer.strategy))
