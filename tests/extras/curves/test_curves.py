@@ -169,3 +169,16 @@ def test_each_test_draws_its_confusion_matrix_with_the_class_names(make_cfg, mar
     assert [t.get_text() for t in ax.get_xticklabels()] == ["cat", "dog"]
     assert [t.get_text() for t in ax.texts] == ["0.75", "0.25", "0.00", "1.00"]
     assert ax.get_title() == "test confusion: 8 images, 87.5% right"
+
+
+@pytest.mark.parametrize("n", [100, 400])
+def test_many_classes_are_each_named_and_no_two_names_overlap(n):
+    names = [f"class_{i:03d}" for i in range(n)]
+    fig = confusion.figure(torch.eye(n, dtype=torch.long), names)
+    fig.draw_without_rendering()
+    ax = fig.axes[0]
+    rows = ax.get_yticklabels()
+    assert [t.get_text() for t in rows] == names and not ax.texts  # no shares in tiny cells
+    row_height = ax.get_window_extent().height / n
+    assert max(t.get_window_extent().height for t in rows) <= row_height
+    assert fig.get_size_inches()[1] <= 26  # the matrix: past 173 classes, smaller names
