@@ -38,7 +38,7 @@ class ConfusionPicture(Callback):
         fig = figure(pl_module.confusion, names)
         out = self.dirpath / PICTURE
         # bbox "tight" fits the canvas to the class names: a constrained layout, which measures
-        # every name twice, drew CIFAR-100's picture in 0.80 s, against 0.47 s.
+        # every name twice, drew CIFAR-100's picture in 0.83 s, against 0.57 (docs/benchmarks.md).
         write_atomically(out, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"))
 
 
