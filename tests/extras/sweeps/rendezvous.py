@@ -14,13 +14,17 @@ from lightning.pytorch import Callback
 
 class Rendezvous(Callback):
     def __init__(self, folder: str, parties: int, timeout_s: float = 120) -> None:
-        self.folder, self.parties, self.timeout_s = Path(folder), parties, timeout_s
+        self.folder = Path(folder)
+        self.parties = parties
+        self.timeout_s = timeout_s
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / str(os.getpid())).touch()
         deadline = time.monotonic() + self.timeout_s
-        while (arrived := len(list(self.folder.iterdir()))) < self.parties:
+        arrived = len(list(self.folder.iterdir()))
+        while arrived < self.parties:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{arrived} of {self.parties} jobs ran at once")
             time.sleep(0.05)
+            arrived = len(list(self.folder.iterdir()))
